@@ -1,0 +1,121 @@
+//! What a check answers.
+
+use std::time::Duration;
+
+/// Where a [`Decision`] came from.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::Tier;
+///
+/// assert!(Tier::FailOpen.is_fallback());
+/// assert!(!Tier::Redis.is_fallback());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Tier {
+    /// The global tier: an atomic script on Redis decided.
+    Redis,
+    /// The local fallback bucket (this instance's share of the limit) decided.
+    Local,
+    /// Denied locally from a cached Redis denial, without a Redis round trip.
+    DenyCache,
+    /// Redis could not be asked; the policy admitted.
+    FailOpen,
+    /// Redis could not be asked; the policy denied.
+    FailClosed,
+}
+
+impl Tier {
+    /// A short lowercase name, used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Redis => "redis",
+            Tier::Local => "local",
+            Tier::DenyCache => "deny_cache",
+            Tier::FailOpen => "fail_open",
+            Tier::FailClosed => "fail_closed",
+        }
+    }
+
+    /// True when Redis did not take part in this decision because it was unhealthy.
+    pub fn is_fallback(self) -> bool {
+        matches!(self, Tier::Local | Tier::FailOpen | Tier::FailClosed)
+    }
+}
+
+/// The answer to one check, with what an HTTP layer needs (`RateLimit-*` and
+/// `Retry-After` headers) without another call.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tierlimit_core::{Decision, Tier};
+///
+/// let d = Decision::denied(10, Duration::from_secs(6), Duration::from_secs(2), 1, Tier::Redis);
+/// assert!(!d.allowed);
+/// assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
+/// assert_eq!(d.rule, 1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request is admitted.
+    pub allowed: bool,
+    /// The deciding rule's limit.
+    pub limit: u64,
+    /// Units the deciding rule would still admit right now (0 when denied).
+    pub remaining: u64,
+    /// When the deciding rule is back to its full capacity.
+    pub reset_after: Duration,
+    /// When denied: how long until the same request would be admitted (the
+    /// largest wait over the rules that denied). `None` when admitted.
+    pub retry_after: Option<Duration>,
+    /// Index of the deciding rule in its rule set: the rule that denied (the one
+    /// with the longest wait), or when admitted the rule with the fewest remaining.
+    pub rule: usize,
+    /// Where the decision came from.
+    pub tier: Tier,
+}
+
+impl Decision {
+    /// An admitting decision.
+    pub fn allowed(
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        rule: usize,
+        tier: Tier,
+    ) -> Self {
+        Decision {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: None,
+            rule,
+            tier,
+        }
+    }
+
+    /// A denying decision.
+    pub fn denied(
+        limit: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+        rule: usize,
+        tier: Tier,
+    ) -> Self {
+        Decision {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_after,
+            retry_after: Some(retry_after),
+            rule,
+            tier,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The one error type of tierlimit.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use crate::Algorithm;
+
+/// Everything that can go wrong in tierlimit.
+///
+/// Two families live here:
+///
+/// * **Bad input and misconfiguration** ([`Error::is_bad_input`]): raised at the
+///   earliest point, when a [`Rule`](crate::Rule) or [`RuleSet`](crate::RuleSet)
+///   is built or a check's key and cost are validated. These are the only errors
+///   the hybrid limiter ever returns from a check.
+/// * **Redis faults** ([`Error::Redis`]): produced by the Redis tier and classified
+///   by [`RedisFailure`] so the circuit breaker can read them. The hybrid limiter
+///   turns them into decisions through the rule set's policy; they never reach the
+///   caller of its `check`.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Error, Rule};
+///
+/// let err = Rule::per_second(0).unwrap_err();
+/// assert!(matches!(err, Error::ZeroLimit));
+/// assert!(err.is_bad_input());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A rule's limit was 0: such a rule could never admit anything.
+    #[error("a rule's limit must be at least 1")]
+    ZeroLimit,
+    /// A limit, burst or capacity does not fit exactly in a Lua number (2^53).
+    #[error("{value} is above 2^53, the largest integer Lua numbers hold exactly")]
+    LimitTooLarge {
+        /// The offending value.
+        value: u64,
+    },
+    /// The period is zero or shorter than a millisecond, so the TTL of its keys would round to 0.
+    #[error(
+        "a rule's period must be at least 1 ms (got {period:?}): Redis TTLs are whole milliseconds"
+    )]
+    PeriodTooShort {
+        /// The offending period.
+        period: Duration,
+    },
+    /// The period is not a whole number of microseconds, the scripts' unit of time.
+    #[error("a rule's period must be a whole number of microseconds (got {period:?})")]
+    PeriodPrecision {
+        /// The offending period.
+        period: Duration,
+    },
+    /// The period is longer than the scripts can represent (2^53 µs).
+    #[error("a rule's period is too long (got {period:?})")]
+    PeriodTooLong {
+        /// The offending period.
+        period: Duration,
+    },
+    /// More than one request per microsecond: the emission interval of GCRA and
+    /// the token bucket would round to zero.
+    #[error("{limit} per {period:?} is finer than one request per microsecond")]
+    RateTooFine {
+        /// The rule's limit.
+        limit: u64,
+        /// The rule's period.
+        period: Duration,
+    },
+    /// A burst of 0 was asked for.
+    #[error("a rule's burst must be at least 1")]
+    ZeroBurst,
+    /// A burst was asked for on an algorithm that has no burst (the window algorithms).
+    #[error("{algorithm:?} has no burst: its capacity is its limit")]
+    BurstNotSupported {
+        /// The rule's algorithm.
+        algorithm: Algorithm,
+    },
+    /// A UTC offset (calendar window) was asked for on an algorithm other than the fixed window.
+    #[error("calendar windows (UTC offsets) need Algorithm::FixedWindow, not {algorithm:?}")]
+    CalendarNeedsFixedWindow {
+        /// The rule's algorithm.
+        algorithm: Algorithm,
+    },
+    /// A UTC offset of a day or more, or not a whole number of seconds.
+    #[error(
+        "UTC offset must be a whole number of seconds strictly within one day (got {seconds} s)"
+    )]
+    InvalidUtcOffset {
+        /// The offending offset in seconds.
+        seconds: i64,
+    },
+    /// A rule set had no rules.
+    #[error("a rule set needs at least one rule")]
+    EmptyRuleSet,
+    /// A rule set had more rules than one script call checks.
+    #[error("a rule set holds at most {max} rules (got {count})")]
+    TooManyRules {
+        /// The number of rules given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A rule set's name was empty, too long, or used characters outside `[A-Za-z0-9_.-]`.
+    #[error("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]")]
+    InvalidName {
+        /// The offending name.
+        name: String,
+    },
+    /// A check was asked with cost 0.
+    #[error("a check's cost must be at least 1")]
+    ZeroCost,
+    /// The cost is above a rule's capacity: the request can never succeed, however long
+    /// the caller waits (not the same as "denied, retry after").
+    #[error("cost {cost} can never succeed: rule {rule} holds at most {capacity}")]
+    CostExceedsCapacity {
+        /// The cost asked for.
+        cost: u64,
+        /// The index of the rule whose capacity is exceeded.
+        rule: usize,
+        /// That rule's capacity.
+        capacity: u64,
+    },
+    /// An empty key.
+    #[error("a key must not be empty")]
+    EmptyKey,
+    /// A key longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("a key holds at most {max} bytes (got {len})")]
+    KeyTooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A key containing a control character.
+    #[error("a key must not contain control characters (found one at byte {position})")]
+    KeyControlChar {
+        /// Byte offset of the first control character.
+        position: usize,
+    },
+    /// A configuration value outside its valid range (builder settings).
+    #[error("invalid configuration: {what}")]
+    InvalidConfig {
+        /// What was wrong, naming the setting.
+        what: String,
+    },
+    /// A Redis fault, classified.
+    #[error("redis {kind}")]
+    Redis {
+        /// What kind of failure.
+        kind: RedisFailure,
+        /// The underlying error, when there is one (a deadline has none).
+        #[source]
+        source: Option<Box<dyn StdError + Send + Sync>>,
+    },
+}
+
+/// The classes of Redis failure the circuit breaker distinguishes.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Error, RedisFailure};
+///
+/// let err = Error::redis(RedisFailure::Timeout, None);
+/// assert!(err.is_timeout());
+/// assert!(err.is_transient());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisFailure {
+    /// Our deadline passed before a reply arrived. The outcome is unknown: the
+    /// command may still run on the server.
+    Timeout,
+    /// The connection was refused (nothing listens).
+    ConnectionRefused,
+    /// The connection broke or could not be used.
+    ConnectionLost,
+    /// The server did not know the script (after `SCRIPT FLUSH` or a restart) and
+    /// reloading it failed.
+    NoScript,
+    /// The server is out of memory (`-OOM` under `noeviction`).
+    OutOfMemory,
+    /// The server is a read-only replica (`-READONLY`).
+    ReadOnly,
+    /// The server is still loading its dataset (`-LOADING`).
+    Loading,
+    /// The reply did not have the shape the script promises.
+    MalformedReply,
+    /// Any other server or client error.
+    Other,
+}
+
+impl fmt::Display for RedisFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RedisFailure::Timeout => "call passed its deadline",
+            RedisFailure::ConnectionRefused => "connection refused",
+            RedisFailure::ConnectionLost => "connection lost",
+            RedisFailure::NoScript => "script missing (NOSCRIPT)",
+            RedisFailure::OutOfMemory => "out of memory (OOM)",
+            RedisFailure::ReadOnly => "read-only replica (READONLY)",
+            RedisFailure::Loading => "loading dataset (LOADING)",
+            RedisFailure::MalformedReply => "malformed reply",
+            RedisFailure::Other => "error",
+        })
+    }
+}
+
+impl Error {
+    /// A Redis fault of the given kind.
+    pub fn redis(kind: RedisFailure, source: Option<Box<dyn StdError + Send + Sync>>) -> Self {
+        Error::Redis { kind, source }
+    }
+
+    /// The Redis failure class, when this is a Redis fault.
+    pub fn redis_failure(&self) -> Option<RedisFailure> {
+        match self {
+            Error::Redis { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// True for bad input and misconfiguration: retrying the same call cannot help.
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(self, Error::Redis { .. })
+    }
+
+    /// True when our deadline passed (outcome unknown).
+    pub fn is_timeout(&self) -> bool {
+        self.redis_failure() == Some(RedisFailure::Timeout)
+    }
+
+    /// True when the connection was refused or lost.
+    pub fn is_connection(&self) -> bool {
+        matches!(
+            self.redis_failure(),
+            Some(RedisFailure::ConnectionRefused | RedisFailure::ConnectionLost)
+        )
+    }
+
+    /// True for Redis faults that may go away by themselves (everything but a
+    /// malformed reply, which means the scripts and the code disagree).
+    pub fn is_transient(&self) -> bool {
+        matches!(self.redis_failure(), Some(k) if k != RedisFailure::MalformedReply)
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

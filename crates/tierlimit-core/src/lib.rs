@@ -1,0 +1,38 @@
+//! The vocabulary of tierlimit: rules, rule sets, decisions, policies, errors and
+//! clocks. No I/O happens here; the Redis tier (`tierlimit-redis`), the local tier
+//! (`tierlimit-local`) and the facade (`tierlimit`) all speak these types.
+//!
+//! # Examples
+//!
+//! ```
+//! use tierlimit_core::{Algorithm, Error, Rule, RuleSet};
+//!
+//! // 10 per minute AND 100 per hour AND 1000 per natural day (UTC).
+//! let set = RuleSet::new(
+//!     "api",
+//!     [
+//!         Rule::per_minute(10)?,
+//!         Rule::per_hour(100)?.with_algorithm(Algorithm::SlidingWindow)?,
+//!         Rule::per_natural_day(1000, 0)?,
+//!     ],
+//! )?;
+//! assert!(matches!(set.validate_cost(11), Err(Error::CostExceedsCapacity { rule: 0, .. })));
+//! # Ok::<(), Error>(())
+//! ```
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod clock;
+mod decision;
+mod error;
+mod key;
+mod policy;
+mod rule;
+mod rule_set;
+
+pub use clock::{Clock, FakeClock, SystemClock};
+pub use decision::{Decision, Tier};
+pub use error::{Error, RedisFailure, Result};
+pub use key::{MAX_KEY_LEN, escape_key, validate_key};
+pub use policy::Policy;
+pub use rule::{Algorithm, MAX_EXACT, Rule};
+pub use rule_set::{MAX_RULES, RECONCILE_DEFAULT_MIN_PERIOD, RuleSet};

@@ -1,0 +1,324 @@
+//! One limit over one period, checked by one algorithm.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Largest integer a Lua number (an IEEE double) holds exactly.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The algorithm a rule is checked with.
+///
+/// | algorithm | state per key | exact |
+/// |---|---|---|
+/// | [`Gcra`](Algorithm::Gcra) (default) | one integer (theoretical arrival time) | yes |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | hash `{tokens, ts}` | yes |
+/// | [`SlidingLog`](Algorithm::SlidingLog) | sorted set of events | yes |
+/// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters | approximate |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | yes, per window |
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Algorithm, Rule};
+///
+/// let rule = Rule::per_minute(10)?.with_algorithm(Algorithm::SlidingLog)?;
+/// assert_eq!(rule.algorithm(), Algorithm::SlidingLog);
+/// assert_eq!(Algorithm::default(), Algorithm::Gcra);
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: a smooth rate with a burst, one integer per key.
+    #[default]
+    Gcra,
+    /// Token bucket: `capacity` tokens refilled at `limit / period`.
+    TokenBucket,
+    /// Sliding log: every admitted unit is a sorted-set member; exact over any
+    /// trailing `period`, memory grows with the limit.
+    SlidingLog,
+    /// Sliding window counter: the current and previous fixed windows' counts,
+    /// the previous weighted by how much of it still overlaps the trailing
+    /// period. Approximate: it assumes the previous window's requests were spread
+    /// evenly.
+    SlidingWindow,
+    /// Fixed window: one counter per window aligned to the Unix epoch shifted by
+    /// the rule's UTC offset (so `per_day` with an offset is the natural day).
+    FixedWindow,
+}
+
+impl Algorithm {
+    /// The code the Lua scripts know this algorithm by.
+    pub fn code(self) -> u8 {
+        match self {
+            Algorithm::Gcra => 1,
+            Algorithm::TokenBucket => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::SlidingWindow => 4,
+            Algorithm::FixedWindow => 5,
+        }
+    }
+
+    /// The one-letter tag used in storage keys.
+    fn tag(self) -> char {
+        match self {
+            Algorithm::Gcra => 'g',
+            Algorithm::TokenBucket => 't',
+            Algorithm::SlidingLog => 'l',
+            Algorithm::SlidingWindow => 's',
+            Algorithm::FixedWindow => 'f',
+        }
+    }
+
+    /// True for the algorithms that have a burst separate from the limit.
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::Gcra | Algorithm::TokenBucket)
+    }
+}
+
+/// One limit over one period, checked by one [`Algorithm`].
+///
+/// Built in governor's style and validated at construction: every way to write
+/// a rule that cannot work returns its own [`Error`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tierlimit_core::{Algorithm, Rule};
+///
+/// // 10 per minute, smooth (GCRA), bursts of up to 3.
+/// let smooth = Rule::per_minute(10)?.with_burst(3)?;
+/// assert_eq!(smooth.capacity(), 3);
+///
+/// // 1000 per natural day in UTC+8, counted in calendar days.
+/// let daily = Rule::per_natural_day(1000, 8 * 3600)?;
+/// assert_eq!(daily.algorithm(), Algorithm::FixedWindow);
+///
+/// // Bad input is an error, never a panic.
+/// assert!(Rule::with_period(5, Duration::from_micros(10)).is_err());
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rule {
+    limit: u64,
+    period_us: u64,
+    algorithm: Algorithm,
+    burst: Option<u64>,
+    utc_offset_s: i32,
+}
+
+impl Rule {
+    /// `limit` per second.
+    pub fn per_second(limit: u64) -> Result<Rule> {
+        Rule::with_period(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute.
+    pub fn per_minute(limit: u64) -> Result<Rule> {
+        Rule::with_period(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour.
+    pub fn per_hour(limit: u64) -> Result<Rule> {
+        Rule::with_period(limit, Duration::from_secs(3600))
+    }
+
+    /// `limit` per day.
+    pub fn per_day(limit: u64) -> Result<Rule> {
+        Rule::with_period(limit, Duration::from_secs(86_400))
+    }
+
+    /// `limit` per natural (calendar) hour at the given UTC offset in seconds:
+    /// a fixed window that resets when the local clock reaches `hh:00`.
+    pub fn per_natural_hour(limit: u64, utc_offset_secs: i64) -> Result<Rule> {
+        Rule::per_hour(limit)?
+            .with_algorithm(Algorithm::FixedWindow)?
+            .with_utc_offset(utc_offset_secs)
+    }
+
+    /// `limit` per natural (calendar) day at the given UTC offset in seconds:
+    /// a fixed window that resets at local midnight.
+    pub fn per_natural_day(limit: u64, utc_offset_secs: i64) -> Result<Rule> {
+        Rule::per_day(limit)?
+            .with_algorithm(Algorithm::FixedWindow)?
+            .with_utc_offset(utc_offset_secs)
+    }
+
+    /// `limit` per `period`, with the default algorithm (GCRA) and a burst equal to
+    /// the limit.
+    pub fn with_period(limit: u64, period: Duration) -> Result<Rule> {
+        if limit == 0 {
+            return Err(Error::ZeroLimit);
+        }
+        if limit > MAX_EXACT {
+            return Err(Error::LimitTooLarge { value: limit });
+        }
+        if period < Duration::from_millis(1) {
+            return Err(Error::PeriodTooShort { period });
+        }
+        if period.subsec_nanos() % 1_000 != 0 {
+            return Err(Error::PeriodPrecision { period });
+        }
+        let period_us = u64::try_from(period.as_micros())
+            .ok()
+            .filter(|us| *us <= MAX_EXACT)
+            .ok_or(Error::PeriodTooLong { period })?;
+        Rule {
+            limit,
+            period_us,
+            algorithm: Algorithm::Gcra,
+            burst: None,
+            utc_offset_s: 0,
+        }
+        .validated()
+    }
+
+    /// The same rule checked by another algorithm.
+    pub fn with_algorithm(self, algorithm: Algorithm) -> Result<Rule> {
+        Rule { algorithm, ..self }.validated()
+    }
+
+    /// Allows bursts of up to `burst` units (GCRA and token bucket only; the
+    /// default burst is the limit).
+    pub fn with_burst(self, burst: u64) -> Result<Rule> {
+        Rule {
+            burst: Some(burst),
+            ..self
+        }
+        .validated()
+    }
+
+    /// Aligns fixed windows to a UTC offset in seconds (fixed window only), so a
+    /// day-long window is the natural day of that time zone.
+    pub fn with_utc_offset(self, utc_offset_secs: i64) -> Result<Rule> {
+        let utc_offset_s = i32::try_from(utc_offset_secs)
+            .ok()
+            .filter(|s| s.unsigned_abs() < 86_400)
+            .ok_or(Error::InvalidUtcOffset {
+                seconds: utc_offset_secs,
+            })?;
+        Rule {
+            utc_offset_s,
+            ..self
+        }
+        .validated()
+    }
+
+    fn validated(self) -> Result<Rule> {
+        if let Some(burst) = self.burst {
+            if !self.algorithm.has_burst() {
+                return Err(Error::BurstNotSupported {
+                    algorithm: self.algorithm,
+                });
+            }
+            if burst == 0 {
+                return Err(Error::ZeroBurst);
+            }
+            if burst > MAX_EXACT {
+                return Err(Error::LimitTooLarge { value: burst });
+            }
+        }
+        if self.utc_offset_s != 0 && self.algorithm != Algorithm::FixedWindow {
+            return Err(Error::CalendarNeedsFixedWindow {
+                algorithm: self.algorithm,
+            });
+        }
+        if self.algorithm.has_burst() && self.limit > self.period_us {
+            return Err(Error::RateTooFine {
+                limit: self.limit,
+                period: self.period(),
+            });
+        }
+        Ok(self)
+    }
+
+    /// Units admitted per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
+    }
+
+    /// The period in microseconds, the scripts' unit of time.
+    pub fn period_micros(&self) -> u64 {
+        self.period_us
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The burst, when one was set.
+    pub fn burst(&self) -> Option<u64> {
+        self.burst
+    }
+
+    /// The UTC offset of fixed windows, in seconds.
+    pub fn utc_offset_secs(&self) -> i32 {
+        self.utc_offset_s
+    }
+
+    /// The most units one request can ever take: the burst for GCRA and the token
+    /// bucket, the limit for the window algorithms.
+    pub fn capacity(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    /// A short id, stable across processes, that changes whenever anything that
+    /// shapes the rule's state changes, so a changed rule never reads state
+    /// written under another meaning.
+    pub fn id(&self) -> String {
+        let mut id = format!("{}{}x{}", self.algorithm.tag(), self.period_us, self.limit);
+        if let Some(burst) = self.burst {
+            id.push_str(&format!("b{burst}"));
+        }
+        if self.utc_offset_s != 0 {
+            id.push_str(&format!("o{}", self.utc_offset_s));
+        }
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_burst_or_limit() {
+        let r = Rule::per_second(10).expect("valid");
+        assert_eq!(r.capacity(), 10);
+        let r = r.with_burst(4).expect("valid");
+        assert_eq!(r.capacity(), 4);
+    }
+
+    #[test]
+    fn ids_differ_when_state_shape_differs() {
+        let a = Rule::per_minute(10).expect("valid");
+        let b = a
+            .clone()
+            .with_algorithm(Algorithm::TokenBucket)
+            .expect("valid");
+        let c = Rule::per_minute(11).expect("valid");
+        let d = a.clone().with_burst(2).expect("valid");
+        let ids = [a.id(), b.id(), c.id(), d.id()];
+        for (i, x) in ids.iter().enumerate() {
+            for y in &ids[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
+    }
+
+    #[test]
+    fn calendar_rules_are_fixed_windows_with_offset() {
+        let r = Rule::per_natural_hour(5, -5 * 3600).expect("valid");
+        assert_eq!(r.algorithm(), Algorithm::FixedWindow);
+        assert_eq!(r.utc_offset_secs(), -5 * 3600);
+        assert_eq!(r.period(), Duration::from_secs(3600));
+    }
+}

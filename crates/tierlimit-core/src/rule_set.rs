@@ -1,0 +1,237 @@
+//! Rules checked together, all or nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::{Policy, Rule};
+
+/// The most rules one rule set holds (one script call checks them all).
+pub const MAX_RULES: usize = 16;
+
+/// Windows at least this long are reconciled after an outage by default.
+///
+/// Shorter windows expire before a drain would finish mattering: a request
+/// admitted locally in a 1-second window can no longer change any decision once
+/// Redis is back, so writing it back only costs Redis work.
+pub const RECONCILE_DEFAULT_MIN_PERIOD: Duration = Duration::from_secs(60);
+
+/// A named, non-empty list of [`Rule`]s checked together: a request is admitted
+/// only when every rule admits it, and a denied request consumes nothing in any
+/// rule.
+///
+/// Cloning is cheap (the rules are shared).
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Policy, Rule, RuleSet};
+///
+/// let api = RuleSet::new(
+///     "api",
+///     [Rule::per_minute(10)?, Rule::per_hour(100)?, Rule::per_day(1000)?],
+/// )?
+/// .with_policy(Policy::LocalFallback);
+/// assert_eq!(api.rules().len(), 3);
+/// assert!(RuleSet::new("empty", []).is_err());
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RuleSet {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: String,
+    rules: Vec<Rule>,
+    /// `:<name>:<rule id>` per rule: the part of a storage key after the user key.
+    suffixes: Vec<String>,
+    policy: Option<Policy>,
+    reconcile: Option<bool>,
+}
+
+impl PartialEq for RuleSet {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (&*self.inner, &*other.inner);
+        a.name == b.name && a.rules == b.rules && a.policy == b.policy && a.reconcile == b.reconcile
+    }
+}
+
+impl Eq for RuleSet {}
+
+impl RuleSet {
+    /// A rule set named `name` (1 to 64 characters from `[A-Za-z0-9_.-]`; the
+    /// name is part of every storage key, so two rule sets never share state).
+    pub fn new(name: impl Into<String>, rules: impl IntoIterator<Item = Rule>) -> Result<RuleSet> {
+        let name = name.into();
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !name_ok {
+            return Err(Error::InvalidName { name });
+        }
+        let rules: Vec<Rule> = rules.into_iter().collect();
+        if rules.is_empty() {
+            return Err(Error::EmptyRuleSet);
+        }
+        if rules.len() > MAX_RULES {
+            return Err(Error::TooManyRules {
+                count: rules.len(),
+                max: MAX_RULES,
+            });
+        }
+        let suffixes = rules
+            .iter()
+            .map(|r| format!(":{name}:{}", r.id()))
+            .collect();
+        Ok(RuleSet {
+            inner: Arc::new(Inner {
+                name,
+                rules,
+                suffixes,
+                policy: None,
+                reconcile: None,
+            }),
+        })
+    }
+
+    /// Sets this rule set's failure policy (otherwise the limiter's default applies).
+    pub fn with_policy(self, policy: Policy) -> RuleSet {
+        self.modify(|inner| inner.policy = Some(policy))
+    }
+
+    /// Turns reconciliation after an outage on or off for every rule of this set,
+    /// overriding the default (on for periods of at least
+    /// [`RECONCILE_DEFAULT_MIN_PERIOD`]).
+    pub fn with_reconcile(self, on: bool) -> RuleSet {
+        self.modify(|inner| inner.reconcile = Some(on))
+    }
+
+    fn modify(self, f: impl FnOnce(&mut Inner)) -> RuleSet {
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            name: shared.name.clone(),
+            rules: shared.rules.clone(),
+            suffixes: shared.suffixes.clone(),
+            policy: shared.policy,
+            reconcile: shared.reconcile,
+        });
+        f(&mut inner);
+        RuleSet {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The rules, in the order they were given (decisions name rules by index).
+    pub fn rules(&self) -> &[Rule] {
+        &self.inner.rules
+    }
+
+    /// The policy set on this rule set, if any.
+    pub fn policy(&self) -> Option<Policy> {
+        self.inner.policy
+    }
+
+    /// Whether what rule `index` admitted locally during an outage is written back
+    /// to Redis afterwards.
+    pub fn reconciles(&self, index: usize) -> bool {
+        match (self.inner.reconcile, self.inner.rules.get(index)) {
+            (_, None) => false,
+            (Some(on), Some(_)) => on,
+            (None, Some(rule)) => rule.period() >= RECONCILE_DEFAULT_MIN_PERIOD,
+        }
+    }
+
+    /// Checks a cost against every rule: 0 is [`Error::ZeroCost`], more than a
+    /// rule's capacity is [`Error::CostExceedsCapacity`] (it could never succeed).
+    pub fn validate_cost(&self, cost: u64) -> Result<()> {
+        if cost == 0 {
+            return Err(Error::ZeroCost);
+        }
+        match self
+            .rules()
+            .iter()
+            .enumerate()
+            .find(|(_, r)| cost > r.capacity())
+        {
+            Some((rule, r)) => Err(Error::CostExceedsCapacity {
+                cost,
+                rule,
+                capacity: r.capacity(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The storage key of rule `index` for `escaped_key` (see
+    /// [`escape_key`](crate::escape_key)): `tl:{<key>}:<set>:<rule id>`. All rules of
+    /// one user key share the hash tag, so they sit in one Redis Cluster slot.
+    ///
+    /// # Panics
+    ///
+    /// Never for `index < self.rules().len()`; other indexes are a bug in the caller.
+    pub fn storage_key(&self, escaped_key: &str, index: usize) -> String {
+        let suffix = &self.inner.suffixes[index];
+        let mut key = String::with_capacity(6 + escaped_key.len() + suffix.len());
+        key.push_str("tl:{");
+        key.push_str(escaped_key);
+        key.push('}');
+        key.push_str(suffix);
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_keys_share_one_hash_tag() {
+        let set = RuleSet::new(
+            "s",
+            [
+                Rule::per_second(3).expect("valid"),
+                Rule::per_minute(5).expect("valid"),
+            ],
+        )
+        .expect("valid");
+        let a = set.storage_key("u1", 0);
+        let b = set.storage_key("u1", 1);
+        assert_ne!(a, b);
+        assert!(a.starts_with("tl:{u1}:s:"));
+        assert!(b.starts_with("tl:{u1}:s:"));
+    }
+
+    #[test]
+    fn reconcile_defaults_by_period() {
+        let set = RuleSet::new(
+            "s",
+            [
+                Rule::per_second(3).expect("valid"),
+                Rule::per_minute(5).expect("valid"),
+            ],
+        )
+        .expect("valid");
+        assert!(!set.reconciles(0));
+        assert!(set.reconciles(1));
+        let set = set.with_reconcile(true);
+        assert!(set.reconciles(0));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for bad in ["", "a b", "a{b", "x".repeat(65).as_str()] {
+            assert!(matches!(
+                RuleSet::new(bad, [Rule::per_second(1).expect("valid")]),
+                Err(Error::InvalidName { .. })
+            ));
+        }
+    }
+}
