@@ -1,0 +1,14 @@
+//! Test support for tierlimit (never published).
+//!
+//! - [`RedisServer`]: a real `redis-server` child process on a free loopback
+//!   port, with helpers to kill, restart, pause and inspect it.
+//! - [`FaultProxy`]: an in-process TCP proxy in front of a server that can add
+//!   latency, hang, refuse, reset or drop replies, switchable at run time.
+//!
+//! Everything here panics with a clear message on failure: it is meant for tests.
+
+mod proxy;
+mod server;
+
+pub use proxy::{Fault, FaultProxy};
+pub use server::RedisServer;

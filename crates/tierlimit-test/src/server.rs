@@ -1,0 +1,356 @@
+//! A private `redis-server` child process per test.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// Environment variable that may name the `redis-server` binary to run.
+const BINARY_ENV: &str = "TIERLIMIT_REDIS_SERVER";
+const NOT_FOUND: &str = "redis-server not found on PATH: install it with \
+    `sudo apt-get install -y redis-server` (Debian/Ubuntu) or run scripts/test, which installs it";
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
+const START_ATTEMPTS: usize = 5;
+
+/// A `redis-server` child process listening on its own loopback port, with
+/// persistence disabled and a fresh scratch directory.
+///
+/// The process is killed and its directory removed when this value is dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    pid: u32,
+    port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+    paused: AtomicBool,
+}
+
+/// How a start-up attempt ended.
+enum Startup {
+    Ready,
+    Exited(ExitStatus),
+    TimedOut,
+}
+
+impl RedisServer {
+    /// Starts a server with the default arguments; panics if it cannot.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments appended, e.g.
+    /// `["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]`.
+    ///
+    /// Blocks the calling thread (for well under a second, normally) until the
+    /// server answers `PING`; panics if it does not within 10 s.
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            let dir = fresh_dir();
+            let mut child = spawn(port, &dir, &args);
+            match wait_ready(&mut child, port) {
+                Startup::Ready => {
+                    return RedisServer {
+                        pid: child.id(),
+                        child: Some(child),
+                        port,
+                        args,
+                        dir,
+                        paused: AtomicBool::new(false),
+                    };
+                }
+                // Most likely someone else took the port between our probe and
+                // the server's bind: try another port.
+                Startup::Exited(_) if attempt < START_ATTEMPTS => {
+                    let _ = fs::remove_dir_all(&dir);
+                }
+                outcome => fail(child, &dir, port, outcome),
+            }
+        }
+        unreachable!("the last start attempt either returns or panics")
+    }
+
+    /// The TCP port the server listens on (stable across [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's socket address, `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The connection URL, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The process id of the current (or, after [`kill9`](Self::kill9), the last) server process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether a server process is currently running (it may be paused).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// A `redis` client for this server.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("a 127.0.0.1 redis URL is always valid")
+    }
+
+    /// A fresh multiplexed connection straight to the server (bypassing any proxy);
+    /// panics if it cannot connect.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to test redis-server at {}: {e}", self.url())
+            })
+    }
+
+    /// Kills the server with SIGKILL (no shutdown, no save) and reaps it.
+    /// Does nothing if it is not running.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGKILL also ends a stopped process; no SIGCONT needed first.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Starts the server again on the same port with the same arguments and a
+    /// fresh, empty directory: no data and an empty script cache. Kills the
+    /// current process first if it is still running. Retries for up to 5 s if
+    /// the port cannot be bound yet; panics if the server does not come up.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let _ = fs::remove_dir_all(&self.dir);
+        self.dir = fresh_dir();
+        let deadline = Instant::now() + REBIND_TIMEOUT;
+        loop {
+            let mut child = spawn(self.port, &self.dir, &self.args);
+            match wait_ready(&mut child, self.port) {
+                Startup::Ready => {
+                    self.pid = child.id();
+                    self.child = Some(child);
+                    return;
+                }
+                Startup::Exited(_) if Instant::now() < deadline => {
+                    sleep(Duration::from_millis(50));
+                }
+                outcome => fail(child, &self.dir, self.port, outcome),
+            }
+        }
+    }
+
+    /// Freezes the server with SIGSTOP: connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("STOP");
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Thaws a server frozen by [`pause`](Self::pause) with SIGCONT.
+    pub fn resume(&self) {
+        self.signal("CONT");
+        self.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the server is currently frozen by [`pause`](Self::pause).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// How many times `cmd` (e.g. `"evalsha"`) has been called since start,
+    /// from `INFO commandstats`; 0 if it has never been called.
+    pub async fn command_calls(&self, cmd: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("INFO commandstats failed");
+        let prefix = format!("cmdstat_{}:", cmd.to_ascii_lowercase());
+        info.lines()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .flat_map(|fields| fields.split(','))
+            .find_map(|field| field.strip_prefix("calls="))
+            .map(|n| n.trim().parse().expect("calls= is a number"))
+            .unwrap_or(0)
+    }
+
+    /// Deletes every key (`FLUSHALL`).
+    pub async fn flushall(&self) {
+        self.run(&redis::cmd("FLUSHALL")).await;
+    }
+
+    /// Empties the Lua script cache (`SCRIPT FLUSH`), so the next `EVALSHA` gets `NOSCRIPT`.
+    pub async fn script_flush(&self) {
+        self.run(redis::cmd("SCRIPT").arg("FLUSH")).await;
+    }
+
+    /// The number of keys in the database (`DBSIZE`).
+    pub async fn dbsize(&self) -> u64 {
+        redis::cmd("DBSIZE")
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("DBSIZE failed")
+    }
+
+    /// Every key that has no expiry (`PTTL` is -1), sorted. Useful to check
+    /// that nothing is left behind forever.
+    pub async fn keys_without_ttl(&self) -> Vec<String> {
+        let mut conn = self.conn().await;
+        let mut cursor = 0u64;
+        let mut found = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .expect("SCAN failed");
+            for key in keys {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PTTL failed");
+                if pttl == -1 {
+                    found.push(key);
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        found.sort();
+        found
+    }
+
+    async fn run(&self, cmd: &redis::Cmd) {
+        let () = cmd
+            .query_async(&mut self.conn().await)
+            .await
+            .unwrap_or_else(|e| panic!("{cmd:?} failed: {e}"));
+    }
+
+    fn signal(&self, signal: &str) {
+        assert!(self.child.is_some(), "redis-server is not running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()
+            .expect("cannot run `kill` to signal redis-server");
+        assert!(
+            status.success(),
+            "kill -{signal} {} failed: {status}",
+            self.pid
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.is_paused() && self.child.is_some() {
+            self.signal("CONT");
+        }
+        self.kill9();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("cannot bind an ephemeral port on 127.0.0.1")
+        .port()
+}
+
+/// A new, empty directory under the system temp dir.
+fn fresh_dir() -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tierlimit-redis-{}-{n}", std::process::id()));
+        match fs::create_dir(&dir) {
+            Ok(()) => return dir,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("cannot create {}: {e}", dir.display()),
+        }
+    }
+}
+
+fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
+    let binary = std::env::var(BINARY_ENV).unwrap_or_else(|_| "redis-server".to_string());
+    let log = File::create(dir.join("redis.log")).expect("cannot create redis.log");
+    let log2 = log.try_clone().expect("cannot clone the redis.log handle");
+    let spawned = Command::new(&binary)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .spawn();
+    match spawned {
+        Ok(child) => child,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && std::env::var_os(BINARY_ENV).is_some() => {
+            panic!("{BINARY_ENV}={binary} does not exist")
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => panic!("{NOT_FOUND}"),
+        Err(e) => panic!("cannot start {binary}: {e}"),
+    }
+}
+
+/// Polls until the server answers PING, exits, or 10 s pass.
+fn wait_ready(child: &mut Child, port: u16) -> Startup {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Startup::Exited(status);
+        }
+        if answers_ping(addr).unwrap_or(false) {
+            return Startup::Ready;
+        }
+        sleep(Duration::from_millis(10));
+    }
+    Startup::TimedOut
+}
+
+fn answers_ping(addr: SocketAddr) -> io::Result<bool> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(100))?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    stream.write_all(b"PING\r\n")?;
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply)?;
+    Ok(&reply == b"+PONG\r\n")
+}
+
+fn fail(mut child: Child, dir: &Path, port: u16, outcome: Startup) -> ! {
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+    let _ = fs::remove_dir_all(dir);
+    let why = match outcome {
+        Startup::Exited(status) => format!("exited with {status}"),
+        Startup::TimedOut => format!("did not answer PING within {READY_TIMEOUT:?}"),
+        Startup::Ready => "was ready".to_string(),
+    };
+    panic!("redis-server on 127.0.0.1:{port} {why}; its log:\n{log}")
+}
