@@ -158,7 +158,7 @@ impl Rule {
         if period < Duration::from_millis(1) {
             return Err(Error::PeriodTooShort { period });
         }
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(Error::PeriodPrecision { period });
         }
         let period_us = u64::try_from(period.as_micros())

@@ -1,0 +1,112 @@
+//! Units admitted locally during an outage, owed to Redis.
+
+use crate::{Algorithm, Rule};
+
+/// Units one rule admitted locally for one storage key while Redis could not be
+/// asked, with the span of wall-clock time they were admitted in.
+///
+/// The local tier keeps these in its outage ledger; the reconciler writes them
+/// back to Redis once it is healthy, as if the requests had gone there. For the
+/// window algorithms an entry never spans two windows (the ledger keeps one
+/// entry per window), so it can be added to the counter of the window it fell in.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{LedgerEntry, Rule};
+///
+/// let rule = Rule::per_minute(10)?;
+/// let entry = LedgerEntry::new("tl:{u}:api:g60000000x10".into(), rule, 3, 1_000_000, 2_000_000);
+/// assert_eq!(entry.expires_at_us(), 62_000_000);
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LedgerEntry {
+    /// The Redis key of the rule (`tl:{<key>}:<set>:<rule id>`).
+    pub storage_key: String,
+    /// The rule, so the reconcile script knows how to apply the units.
+    pub rule: Rule,
+    /// Units admitted locally.
+    pub units: u64,
+    /// Wall-clock time of the first unit, µs since the Unix epoch.
+    pub first_us: u64,
+    /// Wall-clock time of the last unit, µs since the Unix epoch.
+    pub last_us: u64,
+}
+
+impl LedgerEntry {
+    /// A ledger entry.
+    pub fn new(storage_key: String, rule: Rule, units: u64, first_us: u64, last_us: u64) -> Self {
+        LedgerEntry {
+            storage_key,
+            rule,
+            units,
+            first_us,
+            last_us,
+        }
+    }
+
+    /// The wall-clock time (µs) after which these units can no longer change any
+    /// decision, so writing them back would only cost Redis work.
+    ///
+    /// Fixed window: the end of the window they fell in. Sliding window counter:
+    /// one period after that window ends (it still weighs as the previous window).
+    /// GCRA, token bucket and sliding log: one period after the last unit.
+    pub fn expires_at_us(&self) -> u64 {
+        let period = self.rule.period_micros();
+        match self.rule.algorithm() {
+            Algorithm::FixedWindow => {
+                let start = window_start(self.last_us, period, self.rule.utc_offset_secs());
+                start.saturating_add(period)
+            }
+            Algorithm::SlidingWindow => {
+                let start = window_start(self.last_us, period, 0);
+                start.saturating_add(2 * period)
+            }
+            _ => self.last_us.saturating_add(period),
+        }
+    }
+
+    /// The index of the window the units fell in (fixed and sliding window
+    /// counters; 0 for the other algorithms).
+    pub fn window_index(&self) -> u64 {
+        window_index(&self.rule, self.last_us)
+    }
+}
+
+/// The index of the window `now_us` falls in for a window algorithm (the
+/// epoch shifted by the rule's UTC offset), 0 for the other algorithms.
+pub fn window_index(rule: &Rule, now_us: u64) -> u64 {
+    let offset = match rule.algorithm() {
+        Algorithm::FixedWindow => rule.utc_offset_secs(),
+        Algorithm::SlidingWindow => 0,
+        _ => return 0,
+    };
+    let shifted = i128::from(now_us) + i128::from(offset) * 1_000_000;
+    u64::try_from(shifted.max(0) / i128::from(rule.period_micros())).unwrap_or(0)
+}
+
+/// Start (µs since the epoch) of the window holding `now_us`, for windows of
+/// `period_us` aligned to the epoch shifted by `utc_offset_s`.
+pub fn window_start(now_us: u64, period_us: u64, utc_offset_s: i32) -> u64 {
+    let off = i128::from(utc_offset_s) * 1_000_000;
+    let shifted = (i128::from(now_us) + off).max(0);
+    let start = shifted - shifted % i128::from(period_us) - off;
+    u64::try_from(start.max(0)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_day_windows_follow_the_offset() {
+        let day = 86_400_000_000u64;
+        // 2023-11-14T22:13:20Z is 2023-11-15T06:13:20 in UTC+8: the local day began at 16:00Z.
+        let now = 1_700_000_000_000_000u64;
+        let start = window_start(now, day, 8 * 3600);
+        assert_eq!(start % day, 16 * 3_600_000_000);
+        assert!(start <= now && now < start + day);
+    }
+}

@@ -1,0 +1,321 @@
+//! The state of one rule for one key in the local tier, and its math.
+//!
+//! The local tier mirrors each rule's family at this instance's share of the
+//! limit: GCRA for GCRA and the token bucket (the same semantics), a fixed window
+//! with the same alignment for fixed windows (so the fleet admits at most
+//! `limit + instances` per window), and a two-counter sliding window for the
+//! sliding log and the sliding window counter (the log's exactness would cost
+//! one timestamp per admitted unit per key).
+
+use tierlimit_core::{Algorithm, Rule, window_index, window_start};
+
+/// One rule's local state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// GCRA: theoretical arrival time in µs since the epoch, times the share's
+    /// limit, so the emission interval (`period / limit`) is the whole number
+    /// `period_us` and no rounding accumulates over a burst.
+    Tat(u128),
+    /// Fixed or sliding window: the current window's index and counts.
+    Window {
+        index: u64,
+        current: u64,
+        previous: u64,
+    },
+}
+
+/// A rule scaled to this instance's share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Share {
+    pub(crate) limit: u64,
+    pub(crate) capacity: u64,
+}
+
+impl Share {
+    /// `ceil(x / instances)`, at least 1, for the limit and the capacity.
+    pub(crate) fn of(rule: &Rule, instances: u64) -> Share {
+        let n = instances.max(1);
+        Share {
+            limit: rule.limit().div_ceil(n).max(1),
+            capacity: rule.capacity().div_ceil(n).max(1),
+        }
+    }
+}
+
+/// What one rule says about a request, before anything is committed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Eval {
+    pub(crate) ok: bool,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_us: u64,
+    pub(crate) retry_after_us: u64,
+    /// The state to store if every rule of the set admits.
+    pub(crate) next: Slot,
+}
+
+impl Eval {
+    /// Stands in where no rule exists (never for a valid rule set).
+    pub(crate) const EMPTY: Eval = Eval {
+        ok: false,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        next: Slot::Tat(0),
+    };
+}
+
+fn is_gcra(rule: &Rule) -> bool {
+    matches!(rule.algorithm(), Algorithm::Gcra | Algorithm::TokenBucket)
+}
+
+fn local_window_offset(rule: &Rule) -> i32 {
+    if rule.algorithm() == Algorithm::FixedWindow {
+        rule.utc_offset_secs()
+    } else {
+        0
+    }
+}
+
+fn local_window_index(rule: &Rule, now: u64) -> u64 {
+    if rule.algorithm() == Algorithm::FixedWindow {
+        window_index(rule, now)
+    } else {
+        now / rule.period_micros()
+    }
+}
+
+/// A slot for a key never seen locally, seeded from the `remaining` Redis last
+/// reported at `seen_at` (µs), scaled to the share, or full when nothing is known.
+pub(crate) fn fresh(
+    rule: &Rule,
+    share: Share,
+    now: u64,
+    seed: Option<(u64, u64)>,
+    instances: u64,
+) -> Slot {
+    let local_remaining = |remaining: u64, cap: u64| remaining.div_ceil(instances.max(1)).min(cap);
+    if is_gcra(rule) {
+        let Some((remaining, seen_at)) = seed else {
+            return Slot::Tat(0);
+        };
+        let used = share.capacity - local_remaining(remaining, share.capacity);
+        // Refill since `seen_at` accrues through the usual max(tat, now).
+        Slot::Tat(
+            u128::from(seen_at) * u128::from(share.limit)
+                + u128::from(used) * u128::from(rule.period_micros()),
+        )
+    } else {
+        let index = local_window_index(rule, now);
+        let current = match seed {
+            Some((remaining, seen_at)) if local_window_index(rule, seen_at) == index => {
+                share.limit - local_remaining(remaining, share.limit)
+            }
+            _ => 0,
+        };
+        Slot::Window {
+            index,
+            current,
+            previous: 0,
+        }
+    }
+}
+
+/// Evaluates a request of `cost` against one rule's slot at `now` (µs).
+pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u64) -> Eval {
+    let period = rule.period_micros();
+    match slot {
+        Slot::Tat(stored) => {
+            // Everything in µs times the share's limit: exact integers.
+            let l = u128::from(share.limit);
+            let t = u128::from(period);
+            let tau = u128::from(share.capacity) * t;
+            let now_s = u128::from(now) * l;
+            let tat = stored.max(now_s);
+            let new_tat = tat + u128::from(cost) * t;
+            let ahead = new_tat - now_s;
+            let to_us = |scaled: u128| u64::try_from(scaled.div_ceil(l)).unwrap_or(u64::MAX);
+            if ahead <= tau {
+                Eval {
+                    ok: true,
+                    remaining: u64::try_from((tau - ahead) / t).unwrap_or(u64::MAX),
+                    reset_after_us: to_us(ahead),
+                    retry_after_us: 0,
+                    next: Slot::Tat(new_tat),
+                }
+            } else {
+                Eval {
+                    ok: false,
+                    remaining: 0,
+                    reset_after_us: to_us(tat - now_s),
+                    retry_after_us: to_us(ahead - tau),
+                    next: slot,
+                }
+            }
+        }
+        Slot::Window {
+            index: stored,
+            current,
+            previous,
+        } => {
+            let index = local_window_index(rule, now);
+            let (current, previous) = match index.checked_sub(stored) {
+                Some(0) => (current, previous),
+                Some(1) => (0, current),
+                _ => (0, 0),
+            };
+            let start = window_start(now, period, local_window_offset(rule));
+            let to_end = start + period - now;
+            let next = |current| Slot::Window {
+                index,
+                current,
+                previous,
+            };
+            if rule.algorithm() == Algorithm::FixedWindow {
+                return if current + cost <= share.limit {
+                    Eval {
+                        ok: true,
+                        remaining: share.limit - current - cost,
+                        reset_after_us: to_end,
+                        retry_after_us: 0,
+                        next: next(current + cost),
+                    }
+                } else {
+                    Eval {
+                        ok: false,
+                        remaining: 0,
+                        reset_after_us: to_end,
+                        retry_after_us: to_end,
+                        next: next(current),
+                    }
+                };
+            }
+            let elapsed = (now - start) as f64 / period as f64;
+            let estimate = previous as f64 * (1.0 - elapsed) + current as f64;
+            let limit = share.limit as f64;
+            if estimate + cost as f64 <= limit {
+                Eval {
+                    ok: true,
+                    remaining: (limit - estimate - cost as f64).floor().max(0.0) as u64,
+                    reset_after_us: to_end + period,
+                    retry_after_us: 0,
+                    next: next(current + cost),
+                }
+            } else {
+                // Find the fraction of a window at which the estimate has decayed
+                // enough: this window if the current count leaves room, else the next.
+                let room = limit - cost as f64;
+                let wait = if (current as f64) <= room && previous > 0 {
+                    let f = 1.0 - (room - current as f64) / previous as f64;
+                    (f * period as f64).ceil() as u64 - (now - start)
+                } else {
+                    let f = if current == 0 {
+                        0.0
+                    } else {
+                        (1.0 - room / current as f64).max(0.0)
+                    };
+                    to_end + (f * period as f64).ceil() as u64
+                };
+                Eval {
+                    ok: false,
+                    remaining: 0,
+                    reset_after_us: to_end + period,
+                    retry_after_us: wait.max(1),
+                    next: next(current),
+                }
+            }
+        }
+    }
+}
+
+/// True when the slot holds nothing a fresh slot would not: it can be forgotten.
+pub(crate) fn is_idle(rule: &Rule, share: Share, slot: Slot, now: u64) -> bool {
+    match slot {
+        Slot::Tat(tat) => tat <= u128::from(now) * u128::from(share.limit),
+        Slot::Window { index, .. } => {
+            let current = local_window_index(rule, now);
+            let horizon = if rule.algorithm() == Algorithm::FixedWindow {
+                0
+            } else {
+                1
+            };
+            current > index + horizon
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn run(rule: &Rule, instances: u64, start: u64, span: u64, step: u64) -> u64 {
+        let share = Share::of(rule, instances);
+        let mut slot = fresh(rule, share, start, None, instances);
+        let mut admitted = 0;
+        let mut now = start;
+        while now < start + span {
+            let e = evaluate(rule, share, slot, now, 1);
+            if e.ok {
+                slot = e.next;
+                admitted += 1;
+            }
+            now += step;
+        }
+        admitted
+    }
+
+    #[test]
+    fn gcra_share_admits_burst_plus_rate() {
+        let rule = Rule::per_second(30).expect("valid");
+        // One instance of three: burst 10, then 10/s. Over 2 s: 10 + 20.
+        let n = run(&rule, 3, 1_000 * S, 2 * S, 1_000);
+        assert!((29..=31).contains(&n), "admitted {n}");
+    }
+
+    #[test]
+    fn fixed_window_share_is_ceil_of_limit_over_instances() {
+        let rule = Rule::with_period(10, std::time::Duration::from_secs(1))
+            .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+            .expect("valid");
+        // Exactly one aligned window: ceil(10/3) = 4.
+        assert_eq!(run(&rule, 3, 1_000 * S, S, 1_000), 4);
+    }
+
+    #[test]
+    fn warm_seed_starts_from_the_reported_remaining() {
+        let rule = Rule::per_hour(100).expect("valid");
+        let share = Share::of(&rule, 1);
+        let now = 1_000 * S;
+        let mut slot = fresh(&rule, share, now, Some((10, now)), 1);
+        let mut admitted = 0;
+        for _ in 0..100 {
+            let e = evaluate(&rule, share, slot, now, 1);
+            if e.ok {
+                admitted += 1;
+                slot = e.next;
+            }
+        }
+        assert_eq!(admitted, 10);
+    }
+
+    #[test]
+    fn sliding_window_denies_then_retry_after_admits() {
+        let rule = Rule::per_second(5)
+            .and_then(|r| r.with_algorithm(Algorithm::SlidingLog))
+            .expect("valid");
+        let share = Share::of(&rule, 1);
+        let mut now = 10 * S + S / 2;
+        let mut slot = fresh(&rule, share, now, None, 1);
+        for _ in 0..5 {
+            let e = evaluate(&rule, share, slot, now, 1);
+            assert!(e.ok);
+            slot = e.next;
+        }
+        let denied = evaluate(&rule, share, slot, now, 1);
+        assert!(!denied.ok);
+        now += denied.retry_after_us;
+        assert!(evaluate(&rule, share, slot, now, 1).ok);
+        assert!(!evaluate(&rule, share, slot, now - 1_000, 1).ok);
+    }
+}

@@ -1,0 +1,404 @@
+//! The local tier: buckets, denial cache, warm-start memory and ledger together.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tierlimit_core::{Clock, Decision, Error, Result, RuleSet, Tier};
+
+use crate::Ledger;
+use crate::bounded::BoundedMap;
+use crate::slot::{self, Share, Slot};
+
+/// Bounds of the local tier. Every map is bounded; see each field for what
+/// happens when it is full.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_local::LocalConfig;
+///
+/// let config = LocalConfig { max_keys: 50_000, ..LocalConfig::default() };
+/// assert!(config.validate().is_ok());
+/// assert!(LocalConfig { max_keys: 0, ..config }.validate().is_err());
+/// ```
+// Not `#[non_exhaustive]`: it is built with `..LocalConfig::default()`, which
+// keeps working when fields are added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalConfig {
+    /// Most (rule set, key) buckets kept. When full, a check for a new key gets
+    /// [`LocalAnswer::Full`] (the facade answers it with the rule set's overflow
+    /// policy, fail-closed by default) and is counted in
+    /// `tierlimit_local_keys_refused_total`; existing keys keep working.
+    pub max_keys: usize,
+    /// Most cached Redis denials. When full, new denials are not cached (they
+    /// still reach Redis) until pruning frees room.
+    pub max_denials: usize,
+    /// Most keys whose last Redis-reported remaining is kept for warm starts.
+    /// When full, new keys are not remembered until pruning frees room (they
+    /// start full locally).
+    pub max_warm_keys: usize,
+    /// Most outage-ledger entries; see [`Ledger`].
+    pub max_ledger_entries: usize,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            max_keys: 100_000,
+            max_denials: 100_000,
+            max_warm_keys: 100_000,
+            max_ledger_entries: 1_000_000,
+        }
+    }
+}
+
+impl LocalConfig {
+    /// Checks every bound is at least 1.
+    pub fn validate(&self) -> Result<()> {
+        for (name, value) in [
+            ("max_keys", self.max_keys),
+            ("max_denials", self.max_denials),
+            ("max_warm_keys", self.max_warm_keys),
+            ("max_ledger_entries", self.max_ledger_entries),
+        ] {
+            if value == 0 {
+                return Err(Error::InvalidConfig {
+                    what: format!("local.{name} must be at least 1"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The local tier's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LocalAnswer {
+    /// The local bucket decided (tier [`Tier::Local`]).
+    Decided(Decision),
+    /// The key is new and the bucket map is full: the caller applies its
+    /// overflow answer.
+    Full,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    /// The rule set and instance count the slots were made for: a reloaded rule
+    /// set or a new instance count starts the key afresh.
+    set: RuleSet,
+    instances: u64,
+    slots: Vec<Slot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    until_us: u64,
+    cost: u64,
+    decision: Decision,
+}
+
+#[derive(Debug)]
+struct Warm {
+    seen_at_us: u64,
+    expires_us: u64,
+    remaining: Vec<u64>,
+}
+
+/// The per-process tier used while Redis cannot be asked, plus the memory it
+/// keeps while Redis is healthy (denials, last remaining values).
+///
+/// Buckets are sized to this instance's share of each rule: `ceil(limit /
+/// instances)` (at least 1), so `instances` limiters together admit about the
+/// global limit. A rule set is checked all or nothing, as in Redis.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use tierlimit_core::{Rule, RuleSet, SystemClock, Tier};
+/// use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
+///
+/// let local = LocalTier::new(LocalConfig::default(), Arc::new(SystemClock))?;
+/// let set = RuleSet::new("api", [Rule::per_minute(30)?])?;
+/// // Three instances share the limit: this one admits ceil(30 / 3) = 10 at once.
+/// let admitted = (0..30)
+///     .filter(|_| matches!(local.check("user-1", &set, 1, 3, false),
+///                          LocalAnswer::Decided(d) if d.allowed && d.tier == Tier::Local))
+///     .count();
+/// assert_eq!(admitted, 10);
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct LocalTier {
+    clock: Arc<dyn Clock>,
+    buckets: BoundedMap<String, Bucket>,
+    denials: BoundedMap<String, Denial>,
+    warm: BoundedMap<String, Warm>,
+    ledger: Ledger,
+    refused: AtomicU64,
+}
+
+fn map_key(set: &RuleSet, escaped_key: &str) -> String {
+    // Neither names nor keys hold control characters, so this is unambiguous.
+    let mut k = String::with_capacity(set.name().len() + 1 + escaped_key.len());
+    k.push_str(set.name());
+    k.push('\u{1f}');
+    k.push_str(escaped_key);
+    k
+}
+
+fn us(d: u64) -> Duration {
+    Duration::from_micros(d)
+}
+
+impl LocalTier {
+    /// A local tier with the given bounds and clock.
+    pub fn new(config: LocalConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        config.validate()?;
+        Ok(LocalTier {
+            clock,
+            buckets: BoundedMap::new(config.max_keys),
+            denials: BoundedMap::new(config.max_denials),
+            warm: BoundedMap::new(config.max_warm_keys),
+            ledger: Ledger::new(config.max_ledger_entries),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// Checks `cost` units for `escaped_key` against this instance's share of
+    /// every rule of `set`, all or nothing. When `record` is true, what is
+    /// admitted is written to the outage ledger for the rules the set reconciles.
+    ///
+    /// Key and cost must already be validated (the facade does it first).
+    pub fn check(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        cost: u64,
+        instances: u64,
+        record: bool,
+    ) -> LocalAnswer {
+        let now = self.clock.unix_micros();
+        let key = map_key(set, escaped_key);
+        let shares: Vec<Share> = set
+            .rules()
+            .iter()
+            .map(|r| Share::of(r, instances))
+            .collect();
+        let fresh_slots = |key: &String| {
+            let seeds = self.warm_seeds(key, set.rules().len(), now);
+            Bucket {
+                set: set.clone(),
+                instances,
+                slots: set
+                    .rules()
+                    .iter()
+                    .zip(&shares)
+                    .enumerate()
+                    .map(|(i, (r, s))| {
+                        slot::fresh(
+                            r,
+                            *s,
+                            now,
+                            seeds.as_ref().map(|(at, rem)| (rem[i], *at)),
+                            instances,
+                        )
+                    })
+                    .collect(),
+            }
+        };
+        // The warm store is a different map, so reading it while holding this
+        // bucket's shard lock cannot deadlock.
+        let Some(mut bucket) = self.buckets.get_or_try_insert(key, fresh_slots) else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
+            return LocalAnswer::Full;
+        };
+        if bucket.instances != instances || bucket.set != *set {
+            *bucket = fresh_slots(bucket.key());
+        }
+        let evals: Vec<slot::Eval> = set
+            .rules()
+            .iter()
+            .zip(&shares)
+            .zip(&bucket.slots)
+            .map(|((r, s), slot)| slot::evaluate(r, *s, *slot, now, cost))
+            .collect();
+        let allowed = evals.iter().all(|e| e.ok);
+        if allowed {
+            for (slot, e) in bucket.slots.iter_mut().zip(&evals) {
+                *slot = e.next;
+            }
+        }
+        drop(bucket);
+        if allowed && record {
+            for (i, rule) in set.rules().iter().enumerate() {
+                if set.reconciles(i) {
+                    self.ledger
+                        .record(set.storage_key(escaped_key, i), rule, cost, now);
+                }
+            }
+        }
+        LocalAnswer::Decided(decide(set, &evals, allowed))
+    }
+
+    fn warm_seeds(&self, key: &str, rules: usize, now: u64) -> Option<(u64, Vec<u64>)> {
+        let w = self.warm.get_mut(key)?;
+        (w.expires_us > now && w.remaining.len() == rules)
+            .then(|| (w.seen_at_us, w.remaining.clone()))
+    }
+
+    /// Remembers what Redis last reported for a key (per rule: remaining units and
+    /// time until full), so a bucket created during an outage starts from there,
+    /// scaled to the share, instead of from full. Kept until the last rule would be
+    /// full again, bounded by [`LocalConfig::max_warm_keys`].
+    pub fn remember(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        rules: impl Iterator<Item = (u64, Duration)>,
+    ) {
+        let now = self.clock.unix_micros();
+        let mut remaining = Vec::with_capacity(set.rules().len());
+        let mut longest = 0u64;
+        for (r, reset) in rules {
+            remaining.push(r);
+            longest = longest.max(u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
+        }
+        let warm = Warm {
+            seen_at_us: now,
+            expires_us: now.saturating_add(longest),
+            remaining,
+        };
+        if let Some(mut w) = self
+            .warm
+            .get_or_try_insert(map_key(set, escaped_key), |_| Warm {
+                seen_at_us: 0,
+                expires_us: 0,
+                remaining: Vec::new(),
+            })
+        {
+            *w = warm;
+        }
+    }
+
+    /// Caches a Redis denial: until its retry-after passes, a request for the same
+    /// key with at least the same cost is denied locally (tier
+    /// [`Tier::DenyCache`]) without a Redis round trip.
+    pub fn cache_denial(&self, escaped_key: &str, set: &RuleSet, cost: u64, decision: &Decision) {
+        let Some(retry) = decision.retry_after else {
+            return;
+        };
+        let until_us = self
+            .clock
+            .unix_micros()
+            .saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
+        let denial = Denial {
+            until_us,
+            cost,
+            decision: *decision,
+        };
+        if let Some(mut d) = self
+            .denials
+            .get_or_try_insert(map_key(set, escaped_key), |_| denial)
+        {
+            // Keep the smaller cost: a denial at cost c implies a denial at any cost >= c.
+            if d.until_us <= denial.until_us || denial.cost < d.cost {
+                *d = denial;
+            }
+        }
+    }
+
+    /// A cached denial for this request, if one is still in force.
+    pub fn cached_denial(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+        let now = self.clock.unix_micros();
+        let key = map_key(set, escaped_key);
+        let d = *self.denials.get_mut(key.as_str())?;
+        if d.until_us <= now {
+            self.denials.remove_if(key.as_str(), |d| d.until_us <= now);
+            return None;
+        }
+        if cost < d.cost {
+            return None;
+        }
+        metrics::counter!("tierlimit_deny_cache_hits_total").increment(1);
+        let mut decision = d.decision;
+        decision.tier = Tier::DenyCache;
+        decision.retry_after = Some(us(d.until_us - now));
+        Some(decision)
+    }
+
+    /// Forgets what no longer matters: buckets back to full, expired denials and
+    /// warm-start values; returns memory to the allocator and updates the gauges.
+    pub fn prune(&self) {
+        let now = self.clock.unix_micros();
+        self.buckets.retain(|_, b| {
+            !b.set
+                .rules()
+                .iter()
+                .zip(&b.slots)
+                .all(|(rule, slot)| slot::is_idle(rule, Share::of(rule, b.instances), *slot, now))
+        });
+        self.denials.retain(|_, d| d.until_us > now);
+        self.warm.retain(|_, w| w.expires_us > now);
+        metrics::gauge!("tierlimit_local_keys").set(self.buckets.len() as f64);
+        metrics::gauge!("tierlimit_ledger_entries").set(self.ledger.len() as f64);
+    }
+
+    /// Number of local buckets.
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// True when no local bucket exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of cached denials.
+    pub fn denial_count(&self) -> usize {
+        self.denials.len()
+    }
+
+    /// Checks refused because the bucket map was full.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The outage ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+/// The deciding rule: when admitted the one with the fewest remaining, when
+/// denied the denying one with the longest wait. `limit` is the rule's global
+/// limit (what a client was promised), `remaining` this instance's.
+fn decide(set: &RuleSet, evals: &[slot::Eval], allowed: bool) -> Decision {
+    let key = |(i, e): &(usize, &slot::Eval)| {
+        if allowed {
+            (u64::MAX - e.remaining, std::cmp::Reverse(*i))
+        } else {
+            (e.retry_after_us * u64::from(!e.ok), std::cmp::Reverse(*i))
+        }
+    };
+    let (rule, e) = evals
+        .iter()
+        .enumerate()
+        .max_by_key(|p| key(p))
+        .unwrap_or((0, &slot::Eval::EMPTY));
+    let limit = set.rules().get(rule).map_or(0, |r| r.limit());
+    if allowed {
+        Decision::allowed(limit, e.remaining, us(e.reset_after_us), rule, Tier::Local)
+    } else {
+        Decision::denied(
+            limit,
+            us(e.reset_after_us),
+            us(e.retry_after_us),
+            rule,
+            Tier::Local,
+        )
+    }
+}
