@@ -4,11 +4,14 @@
 //!   port, with helpers to kill, restart, pause and inspect it.
 //! - [`FaultProxy`]: an in-process TCP proxy in front of a server that can add
 //!   latency, hang, refuse, reset or drop replies, switchable at run time.
+//! - [`Load`]: concurrent checks with every decision and latency recorded.
 //!
 //! Everything here panics with a clear message on failure: it is meant for tests.
 
+mod load;
 mod proxy;
 mod server;
 
+pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};
 pub use server::RedisServer;

@@ -1,1 +1,45 @@
-//! placeholder
+//! tierlimit: distributed rate limiting that stays correct while Redis is healthy
+//! and stays useful when it is not.
+//!
+//! ```text
+//!  check(key, rule set, cost)
+//!     │
+//!     ├─ denial cache hit? ─────────────────────────────► Tier::DenyCache
+//!     ├─ breaker Closed? ── Redis (one Lua script, deadline) ─► Tier::Redis
+//!     │                        └─ fault ─► breaker records it ─┐
+//!     └─ breaker Open / HalfOpen, or the call failed ◄─────────┘
+//!           └─ rule set's Policy: FailOpen │ FailClosed │ LocalFallback (share-sized buckets)
+//! ```
+//!
+//! The crates underneath: [`tierlimit_core`] (the vocabulary), `tierlimit-redis`
+//! (the global tier), `tierlimit-local` (the local tier). This crate joins them:
+//! the [`Breaker`], the [`HybridLimiter`] with its policies and background tasks
+//! (probe, heartbeat, pruning).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use tierlimit::{HybridLimiter, Policy, Rule, RuleSet};
+//!
+//! # async fn run() -> Result<(), tierlimit::Error> {
+//! let limiter = HybridLimiter::builder()
+//!     .redis_url("redis://127.0.0.1:6380/")
+//!     .default_policy(Policy::LocalFallback)
+//!     .build()?;
+//! let api = RuleSet::new("api", [Rule::per_minute(10)?, Rule::per_hour(100)?])?;
+//! let decision = limiter.check("user:42", &api, 1).await?;
+//! println!("allowed={} remaining={} tier={:?}", decision.allowed, decision.remaining, decision.tier);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod breaker;
+mod limiter;
+mod tasks;
+
+pub use breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome, Transition, TransitionReason};
+pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances};
+pub use tierlimit_core::{
+    Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet, SystemClock, Tier,
+};
+pub use tierlimit_local::LocalConfig;

@@ -1,0 +1,391 @@
+//! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tierlimit_core::{
+    Clock, Decision, Error, Policy, Result, Rule, RuleSet, SystemClock, Tier, escape_key, validate_key,
+};
+use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
+use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
+use crate::tasks;
+
+/// How many limiter instances share the global limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Instances {
+    /// A fixed count, from configuration.
+    Fixed(u64),
+    /// Learned from a heartbeat set in Redis while it is healthy; until the first
+    /// heartbeat answers (Redis down at start-up) the given count is assumed.
+    Learned {
+        /// The count assumed before Redis has answered once.
+        initial: u64,
+    },
+}
+
+/// Builds a [`HybridLimiter`]; see [`HybridLimiter::builder`].
+#[derive(Debug)]
+pub struct HybridLimiterBuilder {
+    redis_url: Option<String>,
+    deadline: Duration,
+    client_time: bool,
+    default_policy: Policy,
+    overflow_policy: Policy,
+    instances: Instances,
+    group: String,
+    heartbeat_every: Duration,
+    prune_every: Duration,
+    breaker: BreakerConfig,
+    local: LocalConfig,
+    clock: Arc<dyn Clock>,
+}
+
+impl HybridLimiterBuilder {
+    /// The Redis URL (`redis://host:port/db`). Required.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.redis_url = Some(url.into());
+        self
+    }
+
+    /// The hard deadline of every Redis call (default 50 ms): no check waits
+    /// longer for Redis.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Passes the limiter's clock to the scripts instead of using Redis `TIME`
+    /// (for Redis services that reject non-deterministic scripts, and for tests).
+    pub fn client_time(mut self, on: bool) -> Self {
+        self.client_time = on;
+        self
+    }
+
+    /// The policy of rule sets that set none (default [`Policy::LocalFallback`]).
+    pub fn default_policy(mut self, policy: Policy) -> Self {
+        self.default_policy = policy;
+        self
+    }
+
+    /// The answer for a new key under [`Policy::LocalFallback`] when the local
+    /// bucket map is full ([`LocalConfig::max_keys`]): [`Policy::FailClosed`]
+    /// (default: a key sprayer gets nothing) or [`Policy::FailOpen`].
+    pub fn overflow_policy(mut self, policy: Policy) -> Self {
+        self.overflow_policy = policy;
+        self
+    }
+
+    /// How many instances share the global limit (default: learned, assuming 1
+    /// until Redis has answered once).
+    pub fn instances(mut self, instances: Instances) -> Self {
+        self.instances = instances;
+        self
+    }
+
+    /// The name of the group of instances that share limits, for the heartbeat
+    /// set (default `"default"`; `[A-Za-z0-9_.-]`, 1 to 64 characters).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    /// How often the instance count is refreshed while Redis is healthy
+    /// (default 1 s; an instance is forgotten after three missed beats).
+    pub fn heartbeat_every(mut self, every: Duration) -> Self {
+        self.heartbeat_every = every;
+        self
+    }
+
+    /// How often idle local keys, expired denials and expired ledger entries are
+    /// pruned (default 10 s).
+    pub fn prune_every(mut self, every: Duration) -> Self {
+        self.prune_every = every;
+        self
+    }
+
+    /// The circuit breaker's settings.
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// The local tier's bounds.
+    pub fn local(mut self, config: LocalConfig) -> Self {
+        self.local = config;
+        self
+    }
+
+    /// The clock of the breaker and the local tier (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Validates everything and starts the background tasks (probe, heartbeat,
+    /// pruning). Does no I/O itself: the limiter starts Open and probes, so an
+    /// application starts while Redis is down.
+    ///
+    /// Must be called inside a Tokio runtime; [`Error::InvalidConfig`] otherwise.
+    pub fn build(self) -> Result<HybridLimiter> {
+        let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
+        let url = self.redis_url.ok_or_else(|| invalid("redis_url is required"))?;
+        if matches!(self.overflow_policy, Policy::LocalFallback) {
+            return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
+        }
+        let initial = match self.instances {
+            Instances::Fixed(0) | Instances::Learned { initial: 0 } => {
+                return Err(invalid("instances must be at least 1"));
+            }
+            Instances::Fixed(n) | Instances::Learned { initial: n } => n,
+        };
+        if self.heartbeat_every.is_zero() || self.prune_every.is_zero() {
+            return Err(invalid("heartbeat_every and prune_every must not be zero"));
+        }
+        // The group name becomes part of a Redis key: hold it to the rule set name rules.
+        let group = RuleSet::new(self.group, [Rule::per_second(1)?])
+            .map_err(|_| invalid("group must be 1 to 64 characters from [A-Za-z0-9_.-]"))?
+            .name()
+            .to_owned();
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| invalid("HybridLimiter::build must be called inside a Tokio runtime"))?;
+        let time = if self.client_time {
+            TimeSource::Client(self.clock.clone())
+        } else {
+            TimeSource::Server
+        };
+        let redis = RedisTier::new(RedisTierConfig::new(url).deadline(self.deadline).time_source(time))?;
+        let breaker = Breaker::new(self.breaker, self.clock.clone())?;
+        let local = LocalTier::new(self.local, self.clock.clone())?;
+        breaker.force_open();
+        let instance_id = format!("{:016x}-{}", fastrand::u64(..), std::process::id());
+        let inner = Arc::new(Inner {
+            redis,
+            local,
+            breaker,
+            clock: self.clock,
+            default_policy: self.default_policy,
+            overflow_policy: self.overflow_policy,
+            learn_instances: matches!(self.instances, Instances::Learned { .. }),
+            instances: AtomicU64::new(initial),
+            heartbeat_key: format!("tl:{{instances}}:{group}"),
+            instance_id,
+            heartbeat_every: self.heartbeat_every,
+            prune_every: self.prune_every,
+            wake: Notify::new(),
+        });
+        let tasks = tasks::spawn_all(&handle, &inner);
+        Ok(HybridLimiter { inner, tasks })
+    }
+}
+
+/// State shared by the limiter and its background tasks.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) redis: RedisTier,
+    pub(crate) local: LocalTier,
+    pub(crate) breaker: Breaker,
+    pub(crate) clock: Arc<dyn Clock>,
+    default_policy: Policy,
+    overflow_policy: Policy,
+    pub(crate) learn_instances: bool,
+    pub(crate) instances: AtomicU64,
+    pub(crate) heartbeat_key: String,
+    pub(crate) instance_id: String,
+    pub(crate) heartbeat_every: Duration,
+    pub(crate) prune_every: Duration,
+    /// Wakes the prober when the breaker opens.
+    pub(crate) wake: Notify,
+}
+
+/// A distributed rate limiter that asks Redis while it is healthy and answers by
+/// each rule set's [`Policy`] while it is not.
+///
+/// * Every Redis call runs under a hard deadline; a circuit breaker in front of
+///   Redis trips on consecutive failures, on the failure rate or on the slow-call
+///   rate, and while it is open no check touches Redis.
+/// * [`Policy::LocalFallback`] decides with per-process buckets sized to this
+///   instance's share of each limit, started from what Redis last reported for
+///   the key; what they admit is kept in the outage ledger.
+/// * A Redis denial is cached until its retry-after, so a client hammering a
+///   denied key costs no Redis round trip.
+///
+/// Dropping the limiter stops its background tasks.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tierlimit::{HybridLimiter, Policy, Rule, RuleSet, Tier};
+///
+/// # async fn run() -> Result<(), tierlimit::Error> {
+/// let limiter = HybridLimiter::builder().redis_url("redis://127.0.0.1:6380/").build()?;
+/// let login = RuleSet::new("login", [Rule::per_minute(5)?])?.with_policy(Policy::FailClosed);
+/// let decision = limiter.check("user:42", &login, 1).await?;
+/// if !decision.allowed {
+///     println!("retry in {:?} (decided by {:?})", decision.retry_after, decision.tier);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct HybridLimiter {
+    inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for HybridLimiter {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl HybridLimiter {
+    /// A builder with the defaults: 50 ms deadline, server time, local fallback,
+    /// learned instance count.
+    pub fn builder() -> HybridLimiterBuilder {
+        HybridLimiterBuilder {
+            redis_url: None,
+            deadline: Duration::from_millis(50),
+            client_time: false,
+            default_policy: Policy::LocalFallback,
+            overflow_policy: Policy::FailClosed,
+            instances: Instances::Learned { initial: 1 },
+            group: "default".into(),
+            heartbeat_every: Duration::from_secs(1),
+            prune_every: Duration::from_secs(10),
+            breaker: BreakerConfig::default(),
+            local: LocalConfig::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Checks `cost` units for `key` against every rule of `rule_set`.
+    ///
+    /// `Err` means bad input only (empty, over-long or control-character keys,
+    /// cost 0, cost above a rule's capacity). Redis faults never surface: they
+    /// become the rule set's policy's answer, and [`Decision::tier`] says where
+    /// the answer came from.
+    pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
+        validate_key(key)?;
+        rule_set.validate_cost(cost)?;
+        let inner = &*self.inner;
+        let escaped = escape_key(key);
+        if let Some(denied) = inner.local.cached_denial(&escaped, rule_set, cost) {
+            return Ok(count(denied));
+        }
+        if inner.breaker.allows_request() {
+            let started = Instant::now();
+            let result = inner.redis.check(key, rule_set, cost).await;
+            let latency = started.elapsed();
+            metrics::histogram!("tierlimit_redis_call_seconds").record(latency.as_secs_f64());
+            match result {
+                Ok(verdict) => {
+                    inner.breaker.record_success(latency);
+                    let decision = verdict.decision;
+                    inner.local.remember(
+                        &escaped,
+                        rule_set,
+                        verdict.rules.iter().map(|r| (r.remaining, r.reset_after)),
+                    );
+                    if !decision.allowed {
+                        inner.local.cache_denial(&escaped, rule_set, cost, &decision);
+                    }
+                    return Ok(count(decision));
+                }
+                Err(e) if e.is_bad_input() => return Err(e),
+                Err(e) => {
+                    let outcome = inner.breaker.record_failure(latency, e.is_timeout());
+                    inner.after_failure(outcome);
+                }
+            }
+        }
+        Ok(count(inner.fallback(&escaped, rule_set, cost)))
+    }
+
+    /// The breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// The breaker, for inspection (cool-down, transitions).
+    pub fn breaker(&self) -> &Breaker {
+        &self.inner.breaker
+    }
+
+    /// The instance count local buckets are sized for now.
+    pub fn instances(&self) -> u64 {
+        self.inner.instances.load(Ordering::Relaxed)
+    }
+
+    /// The local tier, for inspection (key count, ledger).
+    pub fn local(&self) -> &LocalTier {
+        &self.inner.local
+    }
+
+    /// Waits until the breaker is Closed (Redis answered a probe), or `timeout` passes;
+    /// true when Closed.
+    pub async fn wait_closed(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.breaker_state() == BreakerState::Closed {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+fn count(decision: Decision) -> Decision {
+    let outcome = if decision.allowed { "allowed" } else { "denied" };
+    metrics::counter!("tierlimit_decisions_total", "tier" => decision.tier.as_str(), "outcome" => outcome)
+        .increment(1);
+    decision
+}
+
+impl Inner {
+    pub(crate) fn after_failure(&self, outcome: FailureOutcome) {
+        if outcome.replace_connection {
+            self.redis.replace_connection();
+        }
+        if outcome.transition.is_some() {
+            // A tripped breaker means the socket may hold requests that will never
+            // be answered: probe on a fresh one.
+            self.redis.replace_connection();
+            self.wake.notify_one();
+        }
+    }
+
+    /// The rule set's policy's answer while Redis cannot be asked.
+    fn fallback(&self, escaped: &str, set: &RuleSet, cost: u64) -> Decision {
+        match set.policy().unwrap_or(self.default_policy) {
+            Policy::LocalFallback => {
+                let instances = self.instances.load(Ordering::Relaxed);
+                match self.local.check(escaped, set, cost, instances, true) {
+                    LocalAnswer::Decided(d) => d,
+                    _ => self.fixed_answer(self.overflow_policy, set),
+                }
+            }
+            policy => self.fixed_answer(policy, set),
+        }
+    }
+
+    fn fixed_answer(&self, policy: Policy, set: &RuleSet) -> Decision {
+        let limit = set.rules().first().map_or(0, Rule::limit);
+        if policy == Policy::FailOpen {
+            Decision::allowed(limit, 0, Duration::ZERO, 0, Tier::FailOpen)
+        } else {
+            // Retry once Redis may be back: after the next probe.
+            let retry = self.breaker.time_until_probe().unwrap_or(self.breaker.current_cool_down());
+            Decision::denied(limit, retry, retry.max(Duration::from_millis(1)), 0, Tier::FailClosed)
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The limiter's background tasks: the probe, the heartbeat and pruning.
+//!
+//! Each task holds a `Weak` reference, so a dropped limiter's tasks end by
+//! themselves even before they are aborted.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tierlimit_core::{Rule, RuleSet};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use crate::breaker::BreakerState;
+use crate::limiter::Inner;
+
+/// Starts every background task of a limiter.
+pub(crate) fn spawn_all(handle: &Handle, inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
+    vec![
+        handle.spawn(prober(Arc::downgrade(inner))),
+        handle.spawn(heartbeat(Arc::downgrade(inner))),
+        handle.spawn(pruner(Arc::downgrade(inner))),
+    ]
+}
+
+/// The rule set of the probe: the real check script, on a key of its own, with a
+/// limit the probe never reaches.
+fn probe_set() -> Option<RuleSet> {
+    RuleSet::new("probe", [Rule::per_second(1_000).ok()?]).ok()
+}
+
+/// Waits for each cool-down to pass, then runs the one probe.
+async fn prober(inner: Weak<Inner>) {
+    let Some(set) = probe_set() else { return };
+    loop {
+        let Some(this) = inner.upgrade() else { return };
+        match this.breaker.state() {
+            BreakerState::Closed => {
+                // Woken when a check trips the breaker; the timeout is a safety net.
+                let _ = tokio::time::timeout(Duration::from_millis(500), this.wake.notified()).await;
+            }
+            _ => {
+                let wait = this.breaker.time_until_probe().unwrap_or(Duration::ZERO);
+                if !wait.is_zero() {
+                    drop(this);
+                    tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
+                    continue;
+                }
+                if this.breaker.try_start_probe() {
+                    let key = format!("probe:{}", this.instance_id);
+                    match this.redis.check(&key, &set, 1).await {
+                        Ok(_) => {
+                            this.breaker.probe_succeeded();
+                            // The instance count may have changed during the outage.
+                            beat(&this).await;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "probe failed");
+                            let outcome = this.breaker.probe_failed(e.is_timeout());
+                            // Whatever the socket holds, the next probe gets a fresh one.
+                            let _ = outcome;
+                            this.redis.replace_connection();
+                        }
+                    }
+                } else {
+                    drop(this);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Refreshes this instance in the heartbeat set and reads the live count.
+async fn beat(inner: &Inner) {
+    if !inner.learn_instances || inner.breaker.state() != BreakerState::Closed {
+        return;
+    }
+    let ttl = inner.heartbeat_every * 3;
+    match inner.redis.heartbeat(&inner.heartbeat_key, &inner.instance_id, ttl).await {
+        Ok(count) => {
+            inner.instances.store(count.max(1), Ordering::Relaxed);
+            metrics::gauge!("tierlimit_instances").set(count as f64);
+        }
+        Err(e) => tracing::debug!(error = %e, "heartbeat failed; keeping the last instance count"),
+    }
+}
+
+async fn heartbeat(inner: Weak<Inner>) {
+    loop {
+        let Some(this) = inner.upgrade() else { return };
+        beat(&this).await;
+        let every = this.heartbeat_every;
+        drop(this);
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn pruner(inner: Weak<Inner>) {
+    loop {
+        let Some(this) = inner.upgrade() else { return };
+        let every = this.prune_every;
+        drop(this);
+        tokio::time::sleep(every).await;
+        let Some(this) = inner.upgrade() else { return };
+        this.local.prune();
+        this.local.ledger().drop_expired(this.clock.unix_micros());
+        metrics::gauge!("tierlimit_breaker_state").set(this.breaker.state_gauge_value());
+    }
+}

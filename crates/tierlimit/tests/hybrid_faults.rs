@@ -1,0 +1,237 @@
+//! Every fault of the hybrid limiter issue, during concurrent load, under the three
+//! policies at once (one rule set per policy), against a real redis-server.
+//!
+//! Bounds asserted for each fault: no check errs; none takes longer than the
+//! deadline + 15 ms; once Open, p99 latency is under 1 ms; the breaker trips within
+//! 500 ms of a hang (200 ms of a refused connection) and closes within the
+//! cool-down + one probe after Redis returns; FailClosed admits nothing while
+//! Open and FailOpen admits everything.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{DEADLINE, StateLog, builder, healthy, wait_for};
+use tierlimit::{Algorithm, BreakerState, Policy, Rule, RuleSet, Tier};
+use tierlimit_test::{Fault, FaultProxy, Load, RedisServer, quantile};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Kill9,
+    Hang,
+    RestartEmpty,
+    ScriptFlush,
+    Oom,
+    LatencyBelow,
+    LatencyAbove,
+    Blackhole,
+    Refuse,
+    Reset,
+}
+
+impl Kind {
+    /// Whether this fault makes Redis unusable, so the breaker must trip, and the
+    /// trip-time bound that applies.
+    fn trip_bound(self) -> Option<Duration> {
+        match self {
+            Kind::Kill9 | Kind::Refuse | Kind::Reset => Some(Duration::from_millis(200)),
+            Kind::Hang | Kind::Blackhole | Kind::LatencyAbove | Kind::Oom => {
+                Some(Duration::from_millis(500))
+            }
+            Kind::RestartEmpty | Kind::ScriptFlush | Kind::LatencyBelow => None,
+        }
+    }
+
+    fn via_proxy(self) -> bool {
+        matches!(
+            self,
+            Kind::LatencyBelow | Kind::LatencyAbove | Kind::Blackhole | Kind::Refuse | Kind::Reset
+        )
+    }
+}
+
+fn sets() -> [RuleSet; 3] {
+    // Fail-open and fail-closed sets never deny in Redis, so every denial while
+    // Open is the policy's, and every admission too.
+    let roomy = || [Rule::per_second(100_000).expect("valid")];
+    let local = [
+        Rule::per_second(200).expect("valid"),
+        Rule::per_minute(5_000)
+            .and_then(|r| r.with_algorithm(Algorithm::SlidingWindow))
+            .expect("valid"),
+    ];
+    [
+        RuleSet::new("open", roomy()).expect("valid").with_policy(Policy::FailOpen),
+        RuleSet::new("closed", roomy()).expect("valid").with_policy(Policy::FailClosed),
+        RuleSet::new("local", local).expect("valid").with_policy(Policy::LocalFallback),
+    ]
+}
+
+async fn scenario(kind: Kind) {
+    let oom_args: &[&str] = &["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"];
+    let mut server = RedisServer::start_with(if kind == Kind::Oom { oom_args } else { &[] });
+    let proxy = FaultProxy::start(server.addr()).await;
+    let url = if kind.via_proxy() { proxy.url() } else { server.url() };
+    let limiter = healthy(builder(&url)).await;
+    let sets = Arc::new(sets());
+
+    let l = limiter.clone();
+    let s = sets.clone();
+    let load = Load::start(32, Duration::from_millis(2), move |t, i| {
+        let (l, s) = (l.clone(), s.clone());
+        async move {
+            let stream = t % 3;
+            let key = format!("user-{}", (t + i as usize) % 5);
+            (stream, l.check(&key, &s[stream], 1).await)
+        }
+    });
+    let log = StateLog::start(limiter.clone(), load.started());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let fault_at = load.elapsed();
+    match kind {
+        Kind::Kill9 => server.kill9(),
+        Kind::Hang => server.pause(),
+        Kind::RestartEmpty => server.restart(),
+        Kind::ScriptFlush => server.script_flush().await,
+        Kind::Oom => fill_memory(&server).await,
+        Kind::LatencyBelow => proxy.set(Fault::Latency(Duration::from_millis(8))),
+        Kind::LatencyAbove => proxy.set(Fault::Latency(DEADLINE)),
+        Kind::Blackhole => proxy.set(Fault::Blackhole),
+        Kind::Refuse => proxy.set(Fault::Refuse),
+        Kind::Reset => proxy.set(Fault::Reset),
+    }
+    if kind.trip_bound().is_some() {
+        assert!(
+            wait_for(Duration::from_secs(2), || limiter.breaker_state() != BreakerState::Closed).await,
+            "{kind:?}: the breaker never tripped"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let heal_at = load.elapsed();
+    let until_probe = limiter.breaker().time_until_probe().unwrap_or_default();
+    match kind {
+        Kind::Kill9 => server.restart(),
+        Kind::Hang => server.resume(),
+        Kind::Oom => server.flushall().await,
+        Kind::RestartEmpty | Kind::ScriptFlush => {}
+        _ => proxy.set(Fault::None),
+    }
+    assert!(
+        limiter.wait_closed(Duration::from_secs(5)).await,
+        "{kind:?}: the breaker did not close after Redis returned"
+    );
+    let closed_at = load.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let samples = load.stop().await;
+
+    // 1. No errors, no check slower than the deadline + 15 ms.
+    let errors = samples.errors();
+    assert!(errors.is_empty(), "{kind:?}: {} checks erred, e.g. {:?}", errors.len(), errors[0]);
+    let max = samples.max_latency();
+    println!("{kind:?}: {} checks, max latency {max:?}", samples.0.len());
+    assert!(max <= DEADLINE + Duration::from_millis(15), "{kind:?}: a check took {max:?}");
+
+    let Some(bound) = kind.trip_bound() else {
+        // Faults Redis absorbs: it keeps deciding; the breaker may only blink on a restart.
+        if kind != Kind::RestartEmpty {
+            assert!(!log.left_closed(Duration::ZERO), "{kind:?}: the breaker tripped");
+            let fallback = samples.0.iter().filter(|s| s.tier().is_some_and(Tier::is_fallback)).count();
+            assert_eq!(fallback, 0, "{kind:?}: {fallback} decisions did not come from Redis");
+        }
+        let after = samples.between(closed_at, closed_at + Duration::from_secs(1));
+        assert!(after.into_iter().all(|s| !s.tier().is_some_and(Tier::is_fallback)));
+        return;
+    };
+
+    // 3. Trip time and recovery time.
+    let open_at = log.first(BreakerState::Open, fault_at).expect("tripped");
+    let trip = open_at - fault_at;
+    let recovery = closed_at.saturating_sub(heal_at);
+    println!("{kind:?}: tripped after {trip:?}, closed {recovery:?} after Redis returned (probe was due in {until_probe:?})");
+    assert!(trip < bound, "{kind:?}: tripped after {trip:?}, bound {bound:?}");
+    // One probe takes at most the deadline; 25 ms covers the 1 ms state polling and scheduling.
+    let recovery_bound = until_probe + DEADLINE + Duration::from_millis(25);
+    assert!(recovery <= recovery_bound, "{kind:?}: closed {recovery:?} after Redis returned, bound {recovery_bound:?}");
+
+    // 2. Once Open, no Redis I/O: p99 under 1 ms. (Skip checks in flight at the trip.)
+    let open: Vec<_> = samples.between(open_at + DEADLINE, heal_at).collect();
+    assert!(open.len() > 100, "{kind:?}: only {} checks while Open", open.len());
+    let p99 = quantile(open.iter().map(|s| s.latency), 0.99);
+    println!("{kind:?}: p99 while Open {p99:?} over {} checks", open.len());
+    assert!(p99 < Duration::from_millis(1), "{kind:?}: p99 while Open {p99:?}");
+    assert!(open.iter().all(|s| s.tier() != Some(Tier::Redis)), "{kind:?}: Redis decided while Open");
+
+    // 4. FailClosed admits nothing while Open; FailOpen admits everything.
+    let by = |stream: usize| open.iter().filter(move |s| s.stream == stream);
+    assert_eq!(by(1).filter(|s| s.allowed()).count(), 0, "{kind:?}: FailClosed admitted");
+    assert!(by(0).all(|s| s.allowed() && s.tier() == Some(Tier::FailOpen)), "{kind:?}: FailOpen denied");
+    assert!(by(2).all(|s| s.tier() == Some(Tier::Local)), "{kind:?}: LocalFallback not local");
+    assert!(by(2).any(|s| s.allowed()), "{kind:?}: LocalFallback admitted nothing");
+}
+
+/// Fills a `noeviction` server until writes fail with `-OOM`.
+async fn fill_memory(server: &RedisServer) {
+    let mut conn = server.conn().await;
+    let blob = "x".repeat(64 * 1024);
+    for i in 0..10_000 {
+        let r: redis::RedisResult<()> = redis::cmd("SET").arg(format!("filler:{i}")).arg(&blob).query_async(&mut conn).await;
+        if let Err(e) = r {
+            assert_eq!(e.code(), Some("OOM"), "unexpected error filling memory: {e}");
+            return;
+        }
+    }
+    panic!("the server never ran out of memory");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9() {
+    scenario(Kind::Kill9).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hang_with_socket_open() {
+    scenario(Kind::Hang).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_empty_script_cache() {
+    scenario(Kind::RestartEmpty).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush() {
+    scenario(Kind::ScriptFlush).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory() {
+    scenario(Kind::Oom).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_below_deadline() {
+    scenario(Kind::LatencyBelow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_above_deadline() {
+    scenario(Kind::LatencyAbove).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole() {
+    scenario(Kind::Blackhole).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused() {
+    scenario(Kind::Refuse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_reset() {
+    scenario(Kind::Reset).await;
+}

@@ -1,0 +1,111 @@
+//! Shared set-up of the hybrid limiter's fault tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, RuleSet};
+
+/// The deadline every fault test runs with.
+pub const DEADLINE: Duration = Duration::from_millis(50);
+
+/// A breaker tuned like production but with short cool-downs, so tests recover fast.
+pub fn breaker() -> BreakerConfig {
+    let mut b = BreakerConfig::default();
+    b.cool_down = Duration::from_millis(200);
+    b.max_cool_down = Duration::from_millis(800);
+    b
+}
+
+/// A builder with the test defaults (deadline 50 ms, short cool-downs, fixed 1 instance).
+pub fn builder(url: &str) -> HybridLimiterBuilder {
+    HybridLimiter::builder()
+        .redis_url(url)
+        .deadline(DEADLINE)
+        .breaker(breaker())
+        .instances(Instances::Fixed(1))
+        .heartbeat_every(Duration::from_millis(100))
+}
+
+/// Builds a limiter and waits until its first probe closed the breaker.
+pub async fn healthy(builder: HybridLimiterBuilder) -> Arc<HybridLimiter> {
+    let limiter = Arc::new(builder.build().expect("valid limiter config"));
+    assert!(
+        limiter.wait_closed(Duration::from_secs(5)).await,
+        "the limiter did not reach Redis within 5 s"
+    );
+    limiter
+}
+
+/// Records every change of a breaker's state, polled each millisecond.
+#[derive(Debug)]
+pub struct StateLog {
+    pub events: Arc<Mutex<Vec<(Duration, BreakerState)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StateLog {
+    pub fn start(limiter: Arc<HybridLimiter>, origin: Instant) -> StateLog {
+        let events = Arc::new(Mutex::new(vec![(origin.elapsed(), limiter.breaker_state())]));
+        let log = events.clone();
+        let task = tokio::spawn(async move {
+            let mut last = limiter.breaker_state();
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let now = limiter.breaker_state();
+                if now != last {
+                    log.lock().expect("log lock").push((origin.elapsed(), now));
+                    last = now;
+                }
+            }
+        });
+        StateLog { events, task }
+    }
+
+    /// The first time the state became `state` at or after `from`.
+    pub fn first(&self, state: BreakerState, from: Duration) -> Option<Duration> {
+        self.events
+            .lock()
+            .expect("log lock")
+            .iter()
+            .find(|(at, s)| *s == state && *at >= from)
+            .map(|(at, _)| *at)
+    }
+
+    /// True when the breaker left Closed at any time after `from`.
+    pub fn left_closed(&self, from: Duration) -> bool {
+        self.events
+            .lock()
+            .expect("log lock")
+            .iter()
+            .any(|(at, s)| *at >= from && *s != BreakerState::Closed)
+    }
+}
+
+impl Drop for StateLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Waits for a condition, polling each millisecond; false after `timeout`.
+pub async fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cond()
+}
+
+/// Checks until the breaker leaves Closed (Redis must already be failing); panics
+/// after 2 s.
+pub async fn trip(limiter: &HybridLimiter, set: &RuleSet) {
+    let end = Instant::now() + Duration::from_secs(2);
+    while limiter.breaker_state() == BreakerState::Closed {
+        assert!(Instant::now() < end, "the breaker did not trip within 2 s");
+        let _ = limiter.check("trip", set, 1).await;
+    }
+}

@@ -1,0 +1,65 @@
+-- gcra.lua: the generic cell rate algorithm (GCRA), one rule.
+--
+-- A fragment of the check script (see check.lua), not a script of its own.
+--
+-- KEYS: the rule's storage key (KEYS[i] of check.lua).
+-- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
+--       (the burst); no UTC offset.
+-- Reply: gcra_check returns ok, remaining, reset_after_us, retry_after_us,
+--        state (what gcra_commit writes), reset_now_us (reset_after as things
+--        stand, before this request).
+--
+-- State: one string value, the theoretical arrival time (TAT) in microseconds
+-- since the Unix epoch. The integer part is exact; the emission interval
+-- T = period / limit is rarely a whole number of microseconds, so the
+-- fraction is kept after the decimal point (`1700000000123456.3333333333`)
+-- instead of being rounded up on every request: rounding up each time would
+-- lose the last unit of every full burst. The key expires exactly when the
+-- bucket is full again (TAT <= now), so an idle key costs nothing.
+--
+-- With tau = capacity * T, a request of `cost` is admitted iff
+-- max(TAT, now) + cost * T - now <= tau. Doubles round each addition by far
+-- less than a nanosecond for periods up to days, so comparisons allow
+-- GCRA_SLACK_US (one nanosecond): a decision can differ from exact rational
+-- arithmetic only when a unit becomes free within a nanosecond of a whole
+-- microsecond, and then it moves by that one microsecond at most.
+
+local GCRA_SLACK_US = 1e-3
+
+local function gcra_check(key, now, cost, limit, period, capacity)
+  local t = period / limit
+  local tau = capacity * t
+  -- rel = TAT - now, never negative: a TAT in the past means a full bucket.
+  local rel = 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local whole, frac = string.match(stored, '^(%d+)(%.?%d*)$')
+    if whole then
+      rel = math.max(0, tonumber(whole) - now + (tonumber(frac) or 0))
+    end
+  end
+  local new_rel = rel + cost * t
+  local reset_now = math.max(0, math.ceil(rel - GCRA_SLACK_US))
+  if new_rel <= tau + GCRA_SLACK_US then
+    local remaining = math.floor((tau - new_rel + GCRA_SLACK_US) / t)
+    return true, remaining, math.ceil(new_rel - GCRA_SLACK_US), 0, new_rel, reset_now
+  end
+  local remaining = math.floor((tau - rel + GCRA_SLACK_US) / t)
+  if remaining < 0 then
+    remaining = 0
+  end
+  local retry = math.ceil(new_rel - tau - GCRA_SLACK_US)
+  if retry < 1 then
+    retry = 1
+  end
+  return false, remaining, reset_now, retry, nil, reset_now
+end
+
+local function gcra_commit(key, now, cost, nonce, new_rel)
+  local whole = math.floor(new_rel)
+  -- '%.17f' never prints an exponent; drop its leading '0'.
+  local frac = string.sub(string.format('%.17f', new_rel - whole), 2)
+  local ttl_ms = math.max(1, math.ceil((new_rel - GCRA_SLACK_US) / 1000))
+  redis.call('SET', key, string.format('%d', now + whole) .. frac,
+    'PX', string.format('%d', ttl_ms))
+end

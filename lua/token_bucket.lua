@@ -1,0 +1,56 @@
+-- token_bucket.lua: a token bucket, one rule.
+--
+-- A fragment of the check script (see check.lua), not a script of its own.
+--
+-- KEYS: the rule's storage key (KEYS[i] of check.lua).
+-- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
+--       (the burst); no UTC offset.
+-- Reply: token_bucket_check returns ok, remaining, reset_after_us,
+--        retry_after_us, state (what token_bucket_commit writes), reset_now_us
+--        (reset_after as things stand, before this request).
+--
+-- State: a hash {tokens, ts}: the tokens left at time ts (µs since the Unix
+-- epoch). A missing key is a full bucket. Tokens refill at limit / period per
+-- microsecond up to capacity; a request takes `cost` tokens. The key expires
+-- when the bucket would be full again, so an idle key costs nothing.
+--
+-- Tokens are doubles. Comparisons allow TB_SLACK tokens for their rounding
+-- (the error of one refill is about 1e-16 of the capacity); the stored count
+-- is never rounded in our favour, so the slack cannot accumulate.
+
+local TB_SLACK = 1e-9
+
+local function token_bucket_check(key, now, cost, limit, period, capacity)
+  local tokens = capacity
+  local ts = now
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local have, at = tonumber(state[1]), tonumber(state[2])
+  if have and at then
+    tokens = have
+    if now > at then
+      -- Multiply before dividing: elapsed * limit is exact below 2^53.
+      tokens = math.min(capacity, have + (now - at) * limit / period)
+    else
+      -- A client clock behind the last writer's: no refill, keep its ts.
+      ts = at
+    end
+  end
+  local reset_now = math.max(0, math.ceil((capacity - tokens) * period / limit - TB_SLACK))
+  if tokens + TB_SLACK >= cost then
+    -- Not clamped at 0: a shortfall within the slack is paid back by the next refill.
+    local left = tokens - cost
+    -- ts > now only when a client clock lags the last writer's: refill starts at ts.
+    local reset = (ts - now) + math.ceil((capacity - left) * period / limit - TB_SLACK)
+    local remaining = math.max(0, math.floor(left + TB_SLACK))
+    return true, remaining, reset, 0, { left, ts, reset }, reset_now
+  end
+  local retry = math.max(1, math.ceil((cost - tokens - TB_SLACK) * period / limit))
+  return false, math.max(0, math.floor(tokens + TB_SLACK)), reset_now, retry, nil, reset_now
+end
+
+local function token_bucket_commit(key, now, cost, nonce, state)
+  redis.call('HSET', key,
+    'tokens', string.format('%.17g', state[1]),
+    'ts', string.format('%d', state[2]))
+  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[3] / 1000))))
+end
