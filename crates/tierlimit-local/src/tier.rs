@@ -244,6 +244,17 @@ impl LocalTier {
         LocalAnswer::Decided(decide(set, &evals, allowed))
     }
 
+    /// Records `cost` units admitted without Redis for `escaped_key` in the outage
+    /// ledger, for every rule the set reconciles.
+    pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
+        let now = self.clock.unix_micros();
+        for (i, rule) in set.rules().iter().enumerate() {
+            if set.reconciles(i) {
+                self.ledger.record(set.storage_key(escaped_key, i), rule, cost, now);
+            }
+        }
+    }
+
     fn warm_seeds(&self, key: &str, rules: usize, now: u64) -> Option<(u64, Vec<u64>)> {
         let w = self.warm.get_mut(key)?;
         (w.expires_us > now && w.remaining.len() == rules)

@@ -1,1 +1,52 @@
-//! placeholder
+//! The global tier of tierlimit: rate-limit rule sets checked on Redis by one
+//! atomic Lua script call per check, under a hard deadline.
+//!
+//! Every rule of a [`RuleSet`](tierlimit_core::RuleSet) is checked first and
+//! committed only if all admit, whatever their algorithms (GCRA, token bucket,
+//! sliding log, sliding window counter, fixed and calendar windows); time comes
+//! from the server unless [`TimeSource::Client`] is chosen. The scripts live in
+//! the workspace's `lua/` folder, each opened by a comment stating its keys,
+//! arguments and reply.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tierlimit_core::{Algorithm, Rule, RuleSet};
+//! use tierlimit_redis::{CheckRequest, RedisTier, RedisTierConfig};
+//!
+//! # async fn run() -> tierlimit_core::Result<()> {
+//! let tier = RedisTier::new(
+//!     RedisTierConfig::new("redis://127.0.0.1:6380/").deadline(Duration::from_millis(50)),
+//! )?; // no I/O yet: the app may start while Redis is down
+//!
+//! // 10 per second AND 1000 per natural day in UTC-8.
+//! let set = RuleSet::new("api", [Rule::per_second(10)?, Rule::per_natural_day(1000, -8 * 3600)?])?;
+//! let verdict = tier.check("user:42", &set, 1).await?;
+//! println!("allowed: {}, decided by rule {}", verdict.decision.allowed, verdict.decision.rule);
+//!
+//! // Independent checks in one round trip.
+//! let burst = RuleSet::new("uploads", [Rule::per_minute(5)?.with_algorithm(Algorithm::SlidingLog)?])?;
+//! let batch = [CheckRequest::new("user:1", &burst, 1), CheckRequest::new("user:2", &burst, 2)];
+//! for result in tier.check_many(&batch).await? {
+//!     println!("{:?}", result.map(|v| v.decision.allowed));
+//! }
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod config;
+mod failure;
+mod reconcile;
+mod script;
+mod tier;
+mod verdict;
+
+pub use config::{RedisTierConfig, TimeSource};
+pub use reconcile::ReconcileReport;
+pub use script::{
+    CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,
+    TOKEN_BUCKET,
+};
+pub use tier::RedisTier;
+pub use verdict::{CheckRequest, RuleState, Verdict};

@@ -14,7 +14,8 @@
 //! The crates underneath: [`tierlimit_core`] (the vocabulary), `tierlimit-redis`
 //! (the global tier), `tierlimit-local` (the local tier). This crate joins them:
 //! the [`Breaker`], the [`HybridLimiter`] with its policies and background tasks
-//! (probe, heartbeat, pruning).
+//! (probe, heartbeat, pruning) and the reconciler that writes what was admitted
+//! locally during an outage back to Redis.
 //!
 //! # Examples
 //!
@@ -35,10 +36,12 @@
 
 mod breaker;
 mod limiter;
+mod reconcile;
 mod tasks;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome, Transition, TransitionReason};
 pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances};
+pub use reconcile::{ReconcileConfig, ReconcileStats};
 pub use tierlimit_core::{
     Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet, SystemClock, Tier,
 };

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
+use crate::reconcile::{ReconcileConfig, ReconcileStats, Reconciler};
 use crate::tasks;
 
 /// How many limiter instances share the global limit.
@@ -43,6 +44,7 @@ pub struct HybridLimiterBuilder {
     prune_every: Duration,
     breaker: BreakerConfig,
     local: LocalConfig,
+    reconcile: ReconcileConfig,
     clock: Arc<dyn Clock>,
 }
 
@@ -121,6 +123,12 @@ impl HybridLimiterBuilder {
         self
     }
 
+    /// The reconciler's settings.
+    pub fn reconcile(mut self, config: ReconcileConfig) -> Self {
+        self.reconcile = config;
+        self
+    }
+
     /// The clock of the breaker and the local tier (default: the system clock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -160,6 +168,7 @@ impl HybridLimiterBuilder {
             TimeSource::Server
         };
         let redis = RedisTier::new(RedisTierConfig::new(url).deadline(self.deadline).time_source(time))?;
+        self.reconcile.validate()?;
         let breaker = Breaker::new(self.breaker, self.clock.clone())?;
         let local = LocalTier::new(self.local, self.clock.clone())?;
         breaker.force_open();
@@ -178,6 +187,8 @@ impl HybridLimiterBuilder {
             heartbeat_every: self.heartbeat_every,
             prune_every: self.prune_every,
             wake: Notify::new(),
+            drain_wake: Arc::new(Notify::new()),
+            reconciler: Reconciler::new(self.reconcile),
         });
         let tasks = tasks::spawn_all(&handle, &inner);
         Ok(HybridLimiter { inner, tasks })
@@ -201,6 +212,9 @@ pub(crate) struct Inner {
     pub(crate) prune_every: Duration,
     /// Wakes the prober when the breaker opens.
     pub(crate) wake: Notify,
+    /// Wakes the reconciler when the breaker closes.
+    pub(crate) drain_wake: Arc<Notify>,
+    pub(crate) reconciler: Reconciler,
 }
 
 /// A distributed rate limiter that asks Redis while it is healthy and answers by
@@ -261,6 +275,7 @@ impl HybridLimiter {
             prune_every: Duration::from_secs(10),
             breaker: BreakerConfig::default(),
             local: LocalConfig::default(),
+            reconcile: ReconcileConfig::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -323,6 +338,11 @@ impl HybridLimiter {
         self.inner.instances.load(Ordering::Relaxed)
     }
 
+    /// What the reconciler has done since the limiter started, and what waits.
+    pub fn reconcile_stats(&self) -> ReconcileStats {
+        self.inner.reconciler.stats(&self.inner)
+    }
+
     /// The local tier, for inspection (key count, ledger).
     pub fn local(&self) -> &LocalTier {
         &self.inner.local
@@ -371,16 +391,18 @@ impl Inner {
                 let instances = self.instances.load(Ordering::Relaxed);
                 match self.local.check(escaped, set, cost, instances, true) {
                     LocalAnswer::Decided(d) => d,
-                    _ => self.fixed_answer(self.overflow_policy, set),
+                    _ => self.fixed_answer(self.overflow_policy, escaped, set, cost),
                 }
             }
-            policy => self.fixed_answer(policy, set),
+            policy => self.fixed_answer(policy, escaped, set, cost),
         }
     }
 
-    fn fixed_answer(&self, policy: Policy, set: &RuleSet) -> Decision {
+    fn fixed_answer(&self, policy: Policy, escaped: &str, set: &RuleSet, cost: u64) -> Decision {
         let limit = set.rules().first().map_or(0, Rule::limit);
         if policy == Policy::FailOpen {
+            // Admitted without any bucket: still owed to Redis like a local admission.
+            self.local.record(escaped, set, cost);
             Decision::allowed(limit, 0, Duration::ZERO, 0, Tier::FailOpen)
         } else {
             // Retry once Redis may be back: after the next probe.

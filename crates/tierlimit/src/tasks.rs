@@ -20,6 +20,7 @@ pub(crate) fn spawn_all(handle: &Handle, inner: &Arc<Inner>) -> Vec<JoinHandle<(
         handle.spawn(prober(Arc::downgrade(inner))),
         handle.spawn(heartbeat(Arc::downgrade(inner))),
         handle.spawn(pruner(Arc::downgrade(inner))),
+        handle.spawn(crate::reconcile::run(Arc::downgrade(inner))),
     ]
 }
 
@@ -51,6 +52,7 @@ async fn prober(inner: Weak<Inner>) {
                     match this.redis.check(&key, &set, 1).await {
                         Ok(_) => {
                             this.breaker.probe_succeeded();
+                            this.drain_wake.notify_one();
                             // The instance count may have changed during the outage.
                             beat(&this).await;
                         }

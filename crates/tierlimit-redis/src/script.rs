@@ -1,0 +1,142 @@
+//! The Lua scripts, from the workspace's `lua/` folder (one file per algorithm).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// `lua/gcra.lua`: the GCRA fragment of [`CHECK`] (`gcra_check`, `gcra_commit`).
+///
+/// # Examples
+///
+/// ```
+/// // The fragment defines its two functions and states its protocol up front.
+/// assert!(tierlimit_redis::GCRA.starts_with("-- gcra.lua"));
+/// assert!(tierlimit_redis::GCRA.contains("local function gcra_check("));
+/// assert!(tierlimit_redis::CHECK_SOURCE.contains(tierlimit_redis::GCRA));
+/// ```
+pub const GCRA: &str = include_str!("../lua/gcra.lua");
+
+/// `lua/token_bucket.lua`: the token bucket fragment of [`CHECK`].
+///
+/// # Examples
+///
+/// ```
+/// assert!(tierlimit_redis::TOKEN_BUCKET.contains("local function token_bucket_commit("));
+/// assert!(tierlimit_redis::CHECK_SOURCE.contains(tierlimit_redis::TOKEN_BUCKET));
+/// ```
+pub const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
+
+/// `lua/sliding_log.lua`: the sliding window log fragment of [`CHECK`].
+///
+/// # Examples
+///
+/// ```
+/// assert!(tierlimit_redis::SLIDING_LOG.contains("local function sliding_log_check("));
+/// assert!(tierlimit_redis::CHECK_SOURCE.contains(tierlimit_redis::SLIDING_LOG));
+/// ```
+pub const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
+
+/// `lua/sliding_window.lua`: the sliding window counter fragment of [`CHECK`],
+/// whose header comment derives the algorithm's error bound.
+///
+/// # Examples
+///
+/// ```
+/// assert!(tierlimit_redis::SLIDING_WINDOW.contains("Error bound."));
+/// assert!(tierlimit_redis::CHECK_SOURCE.contains(tierlimit_redis::SLIDING_WINDOW));
+/// ```
+pub const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
+
+/// `lua/fixed_window.lua`: the fixed (and calendar) window fragment of [`CHECK`].
+///
+/// # Examples
+///
+/// ```
+/// assert!(tierlimit_redis::FIXED_WINDOW.contains("local function fixed_window_check("));
+/// assert!(tierlimit_redis::CHECK_SOURCE.contains(tierlimit_redis::FIXED_WINDOW));
+/// ```
+pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
+
+/// The whole check script: the algorithm fragments followed by `lua/check.lua`,
+/// its main body, whose header states the protocol (KEYS, ARGV, reply).
+///
+/// # Examples
+///
+/// ```
+/// // The fragments come first, so check.lua's dispatch table can name their functions.
+/// let src = tierlimit_redis::CHECK_SOURCE;
+/// assert!(src.find("local function gcra_check").unwrap() < src.find("local CHECKS").unwrap());
+/// ```
+pub const CHECK_SOURCE: &str = concat!(
+    include_str!("../lua/gcra.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/sliding_log.lua"),
+    include_str!("../lua/sliding_window.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/check.lua"),
+);
+
+/// The check script ([`CHECK_SOURCE`]), ready for `EVALSHA`: one call checks a
+/// request against every rule of a rule set and commits it only if all admit.
+///
+/// [`RedisTier::check`](crate::RedisTier::check) builds its arguments; calling
+/// it by hand follows the protocol in `lua/check.lua`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+/// // One GCRA rule, 3 per second, burst 3, server time, cost 1.
+/// let reply: Vec<i64> = tierlimit_redis::CHECK
+///     .key("tl:{user:42}:api:g1000000x3")
+///     .arg("0").arg(1).arg(12345u64) // now (server TIME), cost, nonce
+///     .arg(1).arg(3).arg(1_000_000).arg(3).arg(0) // code, limit, period_us, capacity, offset_us
+///     .invoke_async(conn)
+///     .await?;
+/// let (allowed, rule, retry_after_us) = (reply[0] == 1, reply[1], reply[2]);
+/// # let _ = (allowed, rule, retry_after_us);
+/// # Ok(()) }
+/// ```
+pub static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SOURCE));
+
+/// `lua/heartbeat.lua`: records one limiter instance as alive in a sorted set
+/// and returns how many are (see [`RedisTier::heartbeat`](crate::RedisTier::heartbeat)).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+/// let alive: u64 = tierlimit_redis::HEARTBEAT
+///     .key("tl:{instances}:default")
+///     .arg("0").arg("instance-a").arg(3_000_000) // now (server TIME), id, ttl_us
+///     .invoke_async(conn)
+///     .await?;
+/// assert!(alive >= 1);
+/// # Ok(()) }
+/// ```
+pub static HEARTBEAT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/heartbeat.lua")));
+
+/// `lua/reconcile.lua`: writes units admitted locally during an outage back to
+/// one rule's key, once per batch id (see
+/// [`RedisTier::reconcile`](crate::RedisTier::reconcile)).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+/// // 4 units admitted locally under a GCRA rule of 10 per minute.
+/// let key = "tl:{user:42}:api:g60000000x10";
+/// let (status, applied): (i64, i64) = tierlimit_redis::RECONCILE
+///     .key(key)
+///     .key(format!("{key}:rc:batch-1")) // the batch marker
+///     .arg("0").arg(1).arg(10).arg(60_000_000).arg(10).arg(0) // now, code, limit, period_us, capacity, offset_us
+///     .arg(4).arg(1_700_000_000_000_000u64).arg(1_700_000_001_000_000u64) // units, first_us, last_us
+///     .arg(120_000).arg("batch-1") // marker TTL in ms, batch id
+///     .invoke_async(conn)
+///     .await?;
+/// assert!(status == 1 || applied == 0);
+/// # Ok(()) }
+/// ```
+pub static RECONCILE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reconcile.lua")));

@@ -1,0 +1,622 @@
+//! The global tier: one script call per check, under a hard deadline.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::{Cmd, IntoConnectionInfo, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use tierlimit_core::{
+    Clock, Error, LedgerEntry, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
+};
+
+use crate::config::{RECONNECT_MIN_DELAY, invalid};
+use crate::failure::{classify, classify_server, timeout};
+use crate::reconcile::{reconcile_cmd, tally};
+use crate::verdict::parse_verdict;
+use crate::{
+    CHECK, CheckRequest, HEARTBEAT, RECONCILE, ReconcileReport, RedisTierConfig, TimeSource,
+    Verdict,
+};
+
+/// The global tier: checks rule sets on Redis with the scripts in `lua/`.
+///
+/// * Creating it does no I/O: the connection is made on first use, under that
+///   call's deadline, so an application starts while Redis is down.
+/// * Every call (connecting, script reloads and pipelines included) ends by
+///   its [deadline](RedisTierConfig::deadline); past it the call fails with
+///   [`RedisFailure::Timeout`](tierlimit_core::RedisFailure::Timeout).
+/// * Scripts run by `EVALSHA` and are reloaded when the server lost them
+///   (`SCRIPT FLUSH`, a restart), for single and pipelined checks alike.
+/// * Redis faults come back as [`Error::Redis`], classified by
+///   [`RedisFailure`](tierlimit_core::RedisFailure) with the redis-rs error as
+///   the source; bad input comes back before any I/O.
+///
+/// Cloning is cheap and clones share the connection. All calls must run
+/// inside a Tokio runtime.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tierlimit_core::{Rule, RuleSet};
+/// use tierlimit_redis::{RedisTier, RedisTierConfig};
+///
+/// # async fn run() -> tierlimit_core::Result<()> {
+/// let tier = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:6380/"))?;
+/// let set = RuleSet::new("api", [Rule::per_second(10)?, Rule::per_hour(1000)?])?;
+/// match tier.check("user:42", &set, 1).await {
+///     Ok(verdict) if verdict.decision.allowed => { /* serve */ }
+///     Ok(verdict) => println!("retry in {:?}", verdict.decision.retry_after),
+///     Err(e) if e.is_bad_input() => return Err(e),
+///     Err(e) => println!("Redis fault ({e}): let the caller's policy decide"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisTier {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    manager_config: ConnectionManagerConfig,
+    deadline: Duration,
+    /// How long a background replacement may take to connect and answer PING.
+    replace_budget: Duration,
+    time_source: TimeSource,
+    conn: ArcSwapOption<ConnectionManager>,
+    replacing: AtomicBool,
+    replaced: AtomicU64,
+}
+
+/// Why a call failed, kept unconverted so one failure can be reported to every
+/// item of a batch.
+enum Failure {
+    Timeout,
+    Redis(RedisError),
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Timeout => timeout(),
+            Failure::Redis(e) => classify(e),
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        match self {
+            Failure::Timeout => timeout(),
+            Failure::Redis(e) => classify(e.clone()),
+        }
+    }
+}
+
+impl fmt::Debug for RedisTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The address only: the connection info may hold a password.
+        f.debug_struct("RedisTier")
+            .field("addr", &self.inner.client.get_connection_info().addr())
+            .field("deadline", &self.inner.deadline)
+            .field("time_source", &self.inner.time_source)
+            .field("connected", &self.inner.conn.load().is_some())
+            .field("connections_replaced", &self.connections_replaced())
+            .finish()
+    }
+}
+
+impl RedisTier {
+    /// A tier for `config`'s server. Validates the settings and the URL
+    /// ([`Error::InvalidConfig`] names what is wrong); does no I/O and needs no
+    /// runtime.
+    pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
+        config.validate()?;
+        let info = config
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| invalid(format!("url: {e}")))?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info).map_err(|e| invalid(format!("url: {e}")))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            // Our deadline is the real bound; this only stops redis-rs from
+            // waiting on its own default (500 ms) for abandoned requests.
+            .set_response_timeout(Some(config.deadline))
+            .set_number_of_retries(config.reconnect_retries)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(config.reconnect_max_delay);
+        Ok(RedisTier {
+            inner: Arc::new(Inner {
+                client,
+                manager_config,
+                deadline: config.deadline,
+                replace_budget: config.connect_timeout + config.deadline,
+                time_source: config.time_source,
+                conn: ArcSwapOption::empty(),
+                replacing: AtomicBool::new(false),
+                replaced: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The hard bound on every call.
+    pub fn deadline(&self) -> Duration {
+        self.inner.deadline
+    }
+
+    /// Where the scripts' "now" comes from.
+    pub fn time_source(&self) -> &TimeSource {
+        &self.inner.time_source
+    }
+
+    /// Checks `cost` units for `key` against every rule of `set` in one script
+    /// call: admitted only if every rule admits, and a denied request consumes
+    /// nothing anywhere.
+    ///
+    /// Bad input ([`validate_key`], [`RuleSet::validate_cost`]) is refused
+    /// before any I/O. A [`Timeout`](tierlimit_core::RedisFailure::Timeout)
+    /// means the outcome is unknown: the script may still have run.
+    pub async fn check(&self, key: &str, set: &RuleSet, cost: u64) -> Result<Verdict> {
+        let (keys, args) = self.check_call(key, set, cost)?;
+        let mut invocation = CHECK.prepare_invoke();
+        invocation.key(keys).arg(args);
+        let invocation = &invocation;
+        let reply: Value = self
+            .call(|conn| {
+                send_refused_once(conn, |mut c| async move {
+                    invocation.invoke_async(&mut c).await
+                })
+            })
+            .await
+            .map_err(Failure::into_error)?;
+        parse_verdict(reply, set)
+    }
+
+    /// Checks independent requests in one pipelined round trip, under one
+    /// deadline.
+    ///
+    /// `Err` means nothing came back: the connection failed or the deadline
+    /// passed before any reply (some checks may still have run on the server).
+    /// Otherwise each request has its own result, in order: bad input, a
+    /// per-command error (`-OOM`, say), or its verdict.
+    ///
+    /// Pipelined scripts are not reloaded by redis-rs. When the server lost the
+    /// script, it is loaded once and only the checks that failed with
+    /// `NOSCRIPT` are sent again; a check that ran is never sent twice. If the
+    /// deadline passes during that second round, the checks of the first round
+    /// keep their verdicts and the others get a timeout.
+    pub async fn check_many(&self, checks: &[CheckRequest<'_>]) -> Result<Vec<Result<Verdict>>> {
+        let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
+        let mut sent = Vec::new();
+        let mut cmds = Vec::new();
+        for (i, check) in checks.iter().enumerate() {
+            match self.check_call(check.key, check.set, check.cost) {
+                Ok((keys, args)) => {
+                    cmds.push(evalsha_check(keys, args));
+                    sent.push(i);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        if !cmds.is_empty() {
+            let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+            let outcome = self
+                .call(|conn| pipeline_scripts(conn, &CHECK, &cmds, &mut replies))
+                .await;
+            if let Err(failure) = &outcome
+                && replies.iter().all(Option::is_none)
+            {
+                return Err(failure.to_error());
+            }
+            for (i, reply) in sent.iter().zip(replies) {
+                results[*i] = Some(match reply {
+                    Some(Value::ServerError(e)) => Err(classify_server(e)),
+                    Some(value) => parse_verdict(value, checks[*i].set),
+                    None => Err(match &outcome {
+                        Err(failure) => failure.to_error(),
+                        Ok(()) => timeout(),
+                    }),
+                });
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(timeout())))
+            .collect())
+    }
+
+    /// Sends `PING` under the deadline (connecting first if needed).
+    pub async fn ping(&self) -> Result<()> {
+        let pong: String = self
+            .call(|conn| {
+                send_refused_once(conn, |mut c| async move {
+                    redis::cmd("PING").query_async(&mut c).await
+                })
+            })
+            .await
+            .map_err(Failure::into_error)?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(Error::redis(
+                tierlimit_core::RedisFailure::MalformedReply,
+                Some(format!("PING answered {pong:?}").into()),
+            ))
+        }
+    }
+
+    /// Records `instance_id` as alive for `ttl` in the sorted set `zset_key`
+    /// (used as given, not escaped), drops the ids whose time is up, and
+    /// answers how many instances are alive, this one included.
+    ///
+    /// Both strings are checked like user keys ([`validate_key`]); `ttl` must be
+    /// at least 1 ms ([`Error::InvalidConfig`] otherwise).
+    pub async fn heartbeat(&self, zset_key: &str, instance_id: &str, ttl: Duration) -> Result<u64> {
+        validate_key(zset_key)?;
+        validate_key(instance_id)?;
+        let ttl_us = u64::try_from(ttl.as_micros())
+            .ok()
+            .filter(|us| (1_000..=MAX_EXACT).contains(us))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "heartbeat ttl must be 1 ms to 2^53 µs (got {ttl:?})"
+                ))
+            })?;
+        let mut invocation = HEARTBEAT.prepare_invoke();
+        invocation
+            .key(zset_key)
+            .arg(self.now_arg())
+            .arg(instance_id)
+            .arg(ttl_us);
+        let invocation = &invocation;
+        self.call(|conn| {
+            send_refused_once(conn, |mut c| async move {
+                invocation.invoke_async(&mut c).await
+            })
+        })
+        .await
+        .map_err(Failure::into_error)
+    }
+
+    /// Writes an outage ledger's entries back to Redis through
+    /// `lua/reconcile.lua`, in one pipelined round trip under the deadline,
+    /// debiting each rule's key as if the requests had gone to Redis.
+    ///
+    /// `batch_id` (checked like a user key) makes the call idempotent: each
+    /// key remembers the ids applied to it, so re-sending a batch whose outcome
+    /// was unknown (a timeout) changes nothing twice. `Ok` means every entry
+    /// was acknowledged (written now, written before, or expired); any failure
+    /// is an `Err`, and the whole batch may be re-sent with the same id.
+    pub async fn reconcile(
+        &self,
+        batch_id: &str,
+        entries: &[LedgerEntry],
+    ) -> Result<ReconcileReport> {
+        validate_key(batch_id)?;
+        if entries.is_empty() {
+            return Ok(ReconcileReport::default());
+        }
+        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
+        let cmds: Vec<Cmd> = entries
+            .iter()
+            .map(|e| reconcile_cmd(e, batch_id, &now_arg, local_now_us))
+            .collect();
+        let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        self.call(|conn| pipeline_scripts(conn, &RECONCILE, &cmds, &mut replies))
+            .await
+            .map_err(Failure::into_error)?;
+        let mut report = ReconcileReport::default();
+        for reply in replies {
+            tally(&mut report, reply.ok_or_else(timeout)?)?;
+        }
+        Ok(report)
+    }
+
+    /// Starts building a fresh connection in the background and swaps it in
+    /// once it answers `PING`; calls keep using the current one until then.
+    ///
+    /// A deadline passing never makes redis-rs drop a connection, so against a
+    /// hung server (SIGSTOP, a blackholed route) every call would keep paying
+    /// the full deadline on the dead socket: the circuit breaker calls this
+    /// after some consecutive timeouts. If the replacement cannot connect
+    /// within the connect timeout plus the deadline, the current connection
+    /// stays. Returns false when a replacement is already under way. Outside
+    /// a Tokio runtime it only drops the current connection, so the next call
+    /// makes a new one.
+    pub fn replace_connection(&self) -> bool {
+        if self.inner.replacing.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.conn.store(None);
+            self.inner.replaced.fetch_add(1, Ordering::Relaxed);
+            self.inner.replacing.store(false, Ordering::Release);
+            return true;
+        };
+        let inner = Arc::clone(&self.inner);
+        runtime.spawn(async move {
+            let _done = ClearOnDrop(&inner.replacing);
+            let connect = async {
+                let fresh = inner.new_manager()?;
+                let _: String = redis::cmd("PING").query_async(&mut fresh.clone()).await?;
+                Ok::<_, RedisError>(fresh)
+            };
+            match tokio::time::timeout(inner.replace_budget, connect).await {
+                Ok(Ok(fresh)) => {
+                    inner.conn.store(Some(Arc::new(fresh)));
+                    inner.replaced.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("replaced the Redis connection");
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not replace the Redis connection"),
+                Err(_) => tracing::warn!(
+                    budget = ?inner.replace_budget,
+                    "could not replace the Redis connection in time"
+                ),
+            }
+        });
+        true
+    }
+
+    /// How many times [`replace_connection`](Self::replace_connection) has
+    /// swapped in a fresh connection (for metrics, and for tests to wait on).
+    pub fn connections_replaced(&self) -> u64 {
+        self.inner.replaced.load(Ordering::Relaxed)
+    }
+
+    /// Validates a check and builds its KEYS and ARGV (see `lua/check.lua`).
+    fn check_call(
+        &self,
+        key: &str,
+        set: &RuleSet,
+        cost: u64,
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        validate_key(key)?;
+        set.validate_cost(cost)?;
+        let escaped = escape_key(key);
+        let rules = set.rules();
+        let keys = (0..rules.len())
+            .map(|i| set.storage_key(&escaped, i))
+            .collect();
+        let mut args = Vec::with_capacity(3 + 5 * rules.len());
+        args.push(self.now_arg());
+        args.push(cost.to_string());
+        args.push(fastrand::u64(..).to_string());
+        for rule in rules {
+            args.push(rule.algorithm().code().to_string());
+            args.push(rule.limit().to_string());
+            args.push(rule.period_micros().to_string());
+            args.push(rule.capacity().to_string());
+            args.push((i64::from(rule.utc_offset_secs()) * 1_000_000).to_string());
+        }
+        Ok((keys, args))
+    }
+
+    /// This process's idea of now (µs since the epoch): the injected clock in
+    /// client-time mode, else the system clock.
+    fn local_now_us(&self) -> u64 {
+        match &self.inner.time_source {
+            TimeSource::Client(clock) => clock.unix_micros(),
+            TimeSource::Server => SystemClock.unix_micros(),
+        }
+    }
+
+    /// ARGV "now": "0" asks the script for the server's TIME.
+    fn now_arg(&self) -> String {
+        match &self.inner.time_source {
+            TimeSource::Server => "0".to_string(),
+            // 0 would mean server time: a clock at the epoch is a broken clock anyway.
+            TimeSource::Client(clock) => clock.unix_micros().max(1).to_string(),
+        }
+    }
+
+    /// Runs `op` on the connection (made now if there is none yet), all under
+    /// the deadline.
+    async fn call<T, F, Fut>(&self, op: F) -> std::result::Result<T, Failure>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let work = async {
+            let conn = self.connection()?;
+            op(conn).await
+        };
+        match tokio::time::timeout(self.inner.deadline, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(Failure::Redis(e)),
+            Err(_) => Err(Failure::Timeout),
+        }
+    }
+
+    /// The shared connection, created lazily (no I/O here: it connects on its
+    /// first command).
+    fn connection(&self) -> RedisResult<ConnectionManager> {
+        if let Some(conn) = self.inner.conn.load_full() {
+            return Ok((*conn).clone());
+        }
+        let fresh = Arc::new(self.inner.new_manager()?);
+        // Another call may have raced us here: keep whichever was stored first.
+        let previous = self.inner.conn.rcu(|current| match current {
+            Some(conn) => Some(Arc::clone(conn)),
+            None => Some(Arc::clone(&fresh)),
+        });
+        Ok(match previous {
+            Some(conn) => (*conn).clone(),
+            None => (*fresh).clone(),
+        })
+    }
+}
+
+impl Inner {
+    fn new_manager(&self) -> RedisResult<ConnectionManager> {
+        ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
+    }
+}
+
+/// Resets a flag when the task holding it ends, however it ends.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Sends once more when the first try was refused. A refusal comes from
+/// `connect`, so nothing was sent; and redis-rs hands out a failed connection
+/// attempt once more before it reconnects, so without this the first call after
+/// Redis comes back would fail although Redis is up.
+async fn send_refused_once<T, F, Fut>(conn: ConnectionManager, mut send: F) -> RedisResult<T>
+where
+    F: FnMut(ConnectionManager) -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    match send(conn.clone()).await {
+        Err(e) if e.is_connection_refusal() => send(conn).await,
+        other => other,
+    }
+}
+
+/// Pipelines `cmds` (EVALSHA of `script`), reloading the script and re-sending
+/// only the commands that failed with NOSCRIPT. Replies land in `replies` as
+/// they arrive, so what came back survives a later failure.
+async fn pipeline_scripts(
+    conn: ConnectionManager,
+    script: &Script,
+    cmds: &[Cmd],
+    replies: &mut [Option<Value>],
+) -> RedisResult<()> {
+    let all: Vec<usize> = (0..cmds.len()).collect();
+    let first = send_pipeline(&conn, cmds, &all).await?;
+    let mut missing = Vec::new();
+    for (i, reply) in first.into_iter().enumerate() {
+        if is_noscript(&reply) {
+            missing.push(i);
+        } else {
+            replies[i] = Some(reply);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    tracing::debug!(
+        commands = missing.len(),
+        "script missing on the server: loading it and re-sending"
+    );
+    send_refused_once(conn.clone(), |mut c| async move {
+        script.load_async(&mut c).await
+    })
+    .await?;
+    let again = send_pipeline(&conn, cmds, &missing).await?;
+    for (i, reply) in missing.into_iter().zip(again) {
+        replies[i] = Some(reply);
+    }
+    Ok(())
+}
+
+/// Sends `cmds[which]` as one pipeline; one reply per command, error replies
+/// included as values.
+async fn send_pipeline(
+    conn: &ConnectionManager,
+    cmds: &[Cmd],
+    which: &[usize],
+) -> RedisResult<Vec<Value>> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for &i in which {
+        pipe.add_command(cmds[i].clone());
+    }
+    let pipe = &pipe;
+    let replies: Vec<Value> = send_refused_once(conn.clone(), |mut c| async move {
+        pipe.query_async(&mut c).await
+    })
+    .await?;
+    if replies.len() != which.len() {
+        return Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "pipeline answered a different number of replies than commands sent",
+        )));
+    }
+    Ok(replies)
+}
+
+/// `EVALSHA` of the check script, for a pipeline (where redis-rs's `Script`
+/// cannot be used).
+fn evalsha_check(keys: Vec<String>, args: Vec<String>) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(CHECK.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
+fn is_noscript(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierlimit_core::Rule;
+    use tierlimit_test::RedisServer;
+
+    #[test]
+    fn futures_are_send() {
+        fn send<T: Send>(_: &T) {}
+        let tier = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:1/")).expect("valid");
+        let set = RuleSet::new("s", [Rule::per_hour(5).expect("valid")]).expect("valid");
+        send(&tier.check("k", &set, 1));
+        send(&tier.check_many(&[]));
+        send(&tier.ping());
+        send(&tier.heartbeat("h", "me", Duration::from_secs(1)));
+        send(&tier.reconcile("b", &[]));
+    }
+
+    /// The script is flushed between two checks of one pipeline: the first
+    /// ran, the second met NOSCRIPT. Only the second may be sent again.
+    #[tokio::test]
+    async fn only_checks_that_met_noscript_are_sent_again() {
+        let server = RedisServer::start();
+        let config = RedisTierConfig::new(server.url()).deadline(Duration::from_secs(2));
+        let tier = RedisTier::new(config).expect("valid config");
+        let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
+        tier.check("warm", &set, 1).await.expect("loads the script");
+
+        let check = |key: &str| {
+            let (keys, args) = tier.check_call(key, &set, 1).expect("valid check");
+            evalsha_check(keys, args)
+        };
+        let mut flush = redis::cmd("SCRIPT");
+        flush.arg("FLUSH");
+        let cmds = [check("a"), flush, check("b")];
+        let mut replies = [None, None, None];
+        let before = server.command_calls("evalsha").await;
+        let conn = tier.connection().expect("connection");
+        pipeline_scripts(conn, &CHECK, &cmds, &mut replies)
+            .await
+            .expect("pipeline");
+
+        // a, b (NOSCRIPT), b again.
+        assert_eq!(server.command_calls("evalsha").await - before, 3);
+        assert_eq!(
+            server.command_calls("script|load").await,
+            2,
+            "warm-up and reload"
+        );
+        let [a, flushed, b] = replies.map(|r| r.expect("every command answered"));
+        assert!(
+            matches!(flushed, Value::Okay | Value::SimpleString(_)),
+            "{flushed:?}"
+        );
+        for (name, reply) in [("a", a), ("b", b)] {
+            let v = parse_verdict(reply, &set).expect("verdict");
+            assert_eq!(v.decision.remaining, 4, "{name} consumed exactly once");
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! What the check script answers, read into types.
+
+use std::time::Duration;
+
+use redis::Value;
+use tierlimit_core::{Decision, Error, RedisFailure, Result, RuleSet, Tier};
+
+/// The global tier's answer to one check: the decision, plus every rule's
+/// state, which seeds the local tier when Redis later becomes unreachable.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(tier: &tierlimit_redis::RedisTier, set: &tierlimit_core::RuleSet) -> tierlimit_core::Result<()> {
+/// let verdict = tier.check("user:42", set, 1).await?;
+/// if verdict.decision.allowed {
+///     for (i, rule) in verdict.rules.iter().enumerate() {
+///         println!("rule {i}: {} left, full again in {:?}", rule.remaining, rule.reset_after);
+///     }
+/// } else {
+///     println!("denied by rule {}", verdict.decision.rule);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Verdict {
+    /// The decision, from [`Tier::Redis`].
+    pub decision: Decision,
+    /// One entry per rule, in the rule set's order. When admitted: each rule
+    /// after this request. When denied nothing was consumed anywhere: each rule
+    /// as it stands.
+    pub rules: Vec<RuleState>,
+    /// The time the script decided at, µs since the Unix epoch: the server's
+    /// clock, or in client-time mode the one this process sent.
+    pub server_time_us: u64,
+}
+
+/// One rule's state as the check script saw it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tierlimit_redis::RuleState;
+///
+/// let state = RuleState::new(4, Duration::from_millis(600));
+/// assert_eq!(state.remaining, 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleState {
+    /// Units the rule would admit right now.
+    pub remaining: u64,
+    /// When the rule is back to its full capacity.
+    pub reset_after: Duration,
+}
+
+impl RuleState {
+    /// A rule state.
+    pub fn new(remaining: u64, reset_after: Duration) -> Self {
+        RuleState {
+            remaining,
+            reset_after,
+        }
+    }
+}
+
+/// One check of [`RedisTier::check_many`](crate::RedisTier::check_many).
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Rule, RuleSet};
+/// use tierlimit_redis::CheckRequest;
+///
+/// let set = RuleSet::new("api", [Rule::per_second(10)?])?;
+/// let batch = [CheckRequest::new("user:1", &set, 1), CheckRequest::new("user:2", &set, 3)];
+/// assert_eq!(batch[1].cost, 3);
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct CheckRequest<'a> {
+    /// The user key.
+    pub key: &'a str,
+    /// The rules to check it against.
+    pub set: &'a RuleSet,
+    /// Units to take from every rule.
+    pub cost: u64,
+}
+
+impl<'a> CheckRequest<'a> {
+    /// A check of `cost` units for `key` against `set`.
+    pub fn new(key: &'a str, set: &'a RuleSet, cost: u64) -> Self {
+        CheckRequest { key, set, cost }
+    }
+}
+
+/// Reads the check script's reply (see `lua/check.lua`):
+/// `{allowed, rule, retry_after_us, now_us, (remaining_i, reset_after_us_i)...}`.
+pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
+    let items: Vec<i64> =
+        redis::from_redis_value(reply).map_err(|e| malformed(format!("not integers: {e}")))?;
+    let rules = set.rules().len();
+    if items.len() != 4 + 2 * rules {
+        return Err(malformed(format!(
+            "{} items for {rules} rules, expected {}",
+            items.len(),
+            4 + 2 * rules
+        )));
+    }
+    let unsigned = |i: usize| {
+        u64::try_from(items[i]).map_err(|_| malformed(format!("item {i} is {}", items[i])))
+    };
+    let allowed = match items[0] {
+        0 => false,
+        1 => true,
+        other => return Err(malformed(format!("allowed is {other}"))),
+    };
+    let rule = usize::try_from(items[1])
+        .ok()
+        .filter(|r| *r < rules)
+        .ok_or_else(|| malformed(format!("deciding rule {} of {rules}", items[1])))?;
+    let retry_after = Duration::from_micros(unsigned(2)?);
+    let server_time_us = unsigned(3)?;
+    let states = (0..rules)
+        .map(|i| {
+            Ok(RuleState {
+                remaining: unsigned(4 + 2 * i)?,
+                reset_after: Duration::from_micros(unsigned(5 + 2 * i)?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let limit = set.rules()[rule].limit();
+    let deciding = states[rule];
+    let decision = if allowed {
+        Decision::allowed(
+            limit,
+            deciding.remaining,
+            deciding.reset_after,
+            rule,
+            Tier::Redis,
+        )
+    } else {
+        if retry_after.is_zero() {
+            return Err(malformed("denied with a zero retry-after".to_string()));
+        }
+        Decision::denied(limit, deciding.reset_after, retry_after, rule, Tier::Redis)
+    };
+    Ok(Verdict {
+        decision,
+        rules: states,
+        server_time_us,
+    })
+}
+
+fn malformed(what: String) -> Error {
+    Error::redis(
+        RedisFailure::MalformedReply,
+        Some(format!("check script reply: {what}").into()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierlimit_core::Rule;
+
+    fn set() -> RuleSet {
+        RuleSet::new(
+            "s",
+            [
+                Rule::per_second(3).expect("valid"),
+                Rule::per_minute(5).expect("valid"),
+            ],
+        )
+        .expect("valid")
+    }
+
+    fn reply(items: &[i64]) -> Value {
+        Value::Array(items.iter().map(|i| Value::Int(*i)).collect())
+    }
+
+    #[test]
+    fn reads_an_admission() {
+        let v = parse_verdict(reply(&[1, 1, 0, 1_000, 2, 333_334, 1, 48_000_000]), &set())
+            .expect("well formed");
+        assert!(v.decision.allowed);
+        assert_eq!(v.decision.rule, 1);
+        assert_eq!(v.decision.limit, 5);
+        assert_eq!(v.decision.remaining, 1);
+        assert_eq!(v.decision.reset_after, Duration::from_secs(48));
+        assert_eq!(v.server_time_us, 1_000);
+        assert_eq!(
+            v.rules[0],
+            RuleState::new(2, Duration::from_micros(333_334))
+        );
+    }
+
+    #[test]
+    fn reads_a_denial() {
+        let v = parse_verdict(reply(&[0, 0, 250, 7, 0, 900, 3, 10]), &set()).expect("ok");
+        assert!(!v.decision.allowed);
+        assert_eq!(v.decision.retry_after, Some(Duration::from_micros(250)));
+        assert_eq!(v.decision.remaining, 0);
+        assert_eq!(v.decision.reset_after, Duration::from_micros(900));
+    }
+
+    #[test]
+    fn refuses_wrong_shapes() {
+        let bad = [
+            reply(&[1, 0, 0, 1, 2, 3]),            // too short
+            reply(&[2, 0, 0, 1, 2, 3, 4, 5]),      // allowed not 0/1
+            reply(&[1, 2, 0, 1, 2, 3, 4, 5]),      // no rule 2
+            reply(&[1, 0, 0, 1, -2, 3, 4, 5]),     // negative remaining
+            reply(&[0, 0, 0, 1, 0, 3, 4, 5]),      // denied without a wait
+            Value::SimpleString("OK".to_string()), // not an array
+        ];
+        for value in bad {
+            let err = parse_verdict(value, &set()).expect_err("malformed");
+            assert_eq!(err.redis_failure(), Some(RedisFailure::MalformedReply));
+        }
+    }
+}

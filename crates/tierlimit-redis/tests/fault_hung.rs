@@ -1,0 +1,171 @@
+//! A hung or unreachable server never makes a call wait past its deadline:
+//! against a server paused with SIGSTOP every call (check, batch, ping,
+//! heartbeat, and a first call that still has to connect) fails with a Timeout
+//! within deadline + 20 ms. Also: a tier made while Redis refuses connections
+//! works on the very next call once it accepts them, and `replace_connection`
+//! recovers from a socket that will never answer again.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use tierlimit_core::{Error, RedisFailure, Rule, RuleSet};
+use tierlimit_redis::{CheckRequest, RedisTier, TimeSource};
+use tierlimit_test::{Fault, FaultProxy, RedisServer};
+
+use support::{set, tier_with};
+
+const DEADLINE: Duration = Duration::from_millis(50);
+const SLACK: Duration = Duration::from_millis(20);
+
+fn fast_tier(url: &str) -> RedisTier {
+    tier_with(url, DEADLINE, TimeSource::Server)
+}
+
+fn per_second() -> RuleSet {
+    set("hung", [Rule::per_second(1_000).expect("valid")])
+}
+
+/// Runs `call`, asserting it fails with a Timeout no later than deadline + 20 ms.
+async fn times_out<T: std::fmt::Debug>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, Error>>,
+) -> Duration {
+    let started = Instant::now();
+    let result = call.await;
+    let took = started.elapsed();
+    let err = result.expect_err(what);
+    assert!(err.is_timeout(), "{what}: {err:?}");
+    assert!(took <= DEADLINE + SLACK, "{what} took {took:?}");
+    took
+}
+
+#[tokio::test]
+async fn paused_server_times_out_within_the_deadline() {
+    let server = RedisServer::start();
+    let warm = fast_tier(&server.url());
+    let cold = fast_tier(&server.url());
+    let set = per_second();
+    warm.check("k", &set, 1).await.expect("healthy check");
+
+    server.pause();
+    let mut took = Vec::new();
+    for i in 0..10 {
+        took.push(times_out("check", warm.check(&format!("k{i}"), &set, 1)).await);
+    }
+    let batch = [
+        CheckRequest::new("a", &set, 1),
+        CheckRequest::new("b", &set, 1),
+    ];
+    took.push(times_out("check_many", warm.check_many(&batch)).await);
+    took.push(times_out("ping", warm.ping()).await);
+    took.push(
+        times_out(
+            "heartbeat",
+            warm.heartbeat("tl:{i}:g", "me", Duration::from_secs(1)),
+        )
+        .await,
+    );
+    // The kernel completes the TCP handshake for a stopped process: the
+    // connection setup is what hangs.
+    took.push(times_out("first call of a new tier", cold.check("k", &set, 1)).await);
+    took.sort();
+    eprintln!(
+        "paused server, deadline {DEADLINE:?}: {} calls, min {:?}, median {:?}, max {:?}",
+        took.len(),
+        took[0],
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+
+    server.resume();
+    // The socket was never broken: once the server runs again it answers.
+    let started = Instant::now();
+    loop {
+        match warm.check("k", &set, 1).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no recovery after resume: {e:?}"
+            ),
+        }
+    }
+    cold.check("k", &set, 1)
+        .await
+        .expect("the new tier works too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_made_while_redis_refuses_works_once_it_accepts() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    tokio::task::block_in_place(|| proxy.set(Fault::Refuse));
+    let tier = fast_tier(&proxy.url());
+    let set = per_second();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = tier.check("k", &set, 1).await.expect_err("refused");
+        let took = started.elapsed();
+        assert_eq!(
+            err.redis_failure(),
+            Some(RedisFailure::ConnectionRefused),
+            "{err:?}"
+        );
+        assert!(took <= DEADLINE + SLACK, "a refusal took {took:?}");
+        eprintln!("refused in {took:?}");
+    }
+    tokio::task::block_in_place(|| proxy.set(Fault::None));
+    for i in 0..10 {
+        let v = tier.check("k", &set, 1).await;
+        assert!(v.is_ok(), "check {i} after Redis accepted again: {v:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_connection_recovers_a_dead_socket() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let tier = fast_tier(&proxy.url());
+    let set = per_second();
+    tier.check("k", &set, 1).await.expect("healthy check");
+
+    // The proxy swallows everything: requests sent now are lost for good, so
+    // this socket can never answer in order again, even once traffic flows.
+    tokio::task::block_in_place(|| proxy.set(Fault::Blackhole));
+    for _ in 0..3 {
+        times_out("blackholed check", tier.check("k", &set, 1)).await;
+    }
+    // While the fault lasts a replacement cannot connect, and the old one stays.
+    assert!(tier.replace_connection());
+    assert!(!tier.replace_connection(), "one replacement at a time");
+    let started = Instant::now();
+    while !tier.replace_connection() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "replacement never gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(tier.connections_replaced(), 0);
+
+    tokio::task::block_in_place(|| proxy.set(Fault::None));
+    let started = Instant::now();
+    loop {
+        if tier.connections_replaced() == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no replacement after the fault"
+        );
+        // The replacement started last may have connected into the blackhole
+        // before it lifted: it gives up, and the next one succeeds.
+        tier.replace_connection();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("replaced {:?} after the fault lifted", started.elapsed());
+    for i in 0..20 {
+        let v = tier.check("k", &set, 1).await;
+        assert!(v.is_ok(), "check {i} on the fresh connection: {v:?}");
+    }
+}

@@ -1,0 +1,216 @@
+//! Losing the script cache or the whole server mid-run: `SCRIPT FLUSH` under
+//! load surfaces no error at all; after `kill -9` and a restart on the same
+//! port (empty data, empty script cache) only calls made while the server was
+//! down fail, and every call made once it answers PING again succeeds; a
+//! pipelined batch after `SCRIPT FLUSH` reloads the script and re-sends only
+//! what failed with NOSCRIPT.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tierlimit_core::{Algorithm, Error, RedisFailure, Rule, RuleSet};
+use tierlimit_redis::{CheckRequest, RedisTier, TimeSource, Verdict};
+use tierlimit_test::RedisServer;
+use tokio::task::JoinSet;
+
+use support::{rule, set, tier, tier_with};
+
+struct Outcome {
+    started: Instant,
+    result: Result<Verdict, Error>,
+}
+
+/// Checks from `tasks` tasks spread over `tiers` until `stop` is set.
+fn load(tiers: &[RedisTier], tasks: usize, stop: &Arc<AtomicBool>) -> JoinSet<Vec<Outcome>> {
+    let set = set(
+        "load",
+        [
+            rule(Algorithm::Gcra, 1_000, Duration::from_secs(1)),
+            rule(Algorithm::SlidingLog, 100, Duration::from_secs(1)),
+        ],
+    );
+    let mut set_of_tasks = JoinSet::new();
+    for i in 0..tasks {
+        let tier = tiers[i % tiers.len()].clone();
+        let (set, stop) = (set.clone(), Arc::clone(stop));
+        set_of_tasks.spawn(async move {
+            let mut outcomes = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let started = Instant::now();
+                let result = tier.check(&format!("user{}", n % 50), &set, 1).await;
+                let failed = result.is_err();
+                outcomes.push(Outcome { started, result });
+                if failed {
+                    // Do not spin while the server is down.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            outcomes
+        });
+    }
+    set_of_tasks
+}
+
+async fn finish(mut tasks: JoinSet<Vec<Outcome>>) -> Vec<Outcome> {
+    let mut all = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done.expect("load task"));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_under_load_surfaces_no_error() {
+    let server = RedisServer::start();
+    let tiers = [tier(&server.url()), tier(&server.url())];
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = load(&tiers, 8, &stop);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.script_flush().await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = finish(tasks).await;
+    let errors: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o.result.as_ref().err())
+        .collect();
+    let loads = server.command_calls("script|load").await;
+    eprintln!(
+        "{} checks across 3 SCRIPT FLUSHes, {} errors, {loads} SCRIPT LOADs",
+        outcomes.len(),
+        errors.len()
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        loads >= 3,
+        "the script was reloaded after each flush ({loads} loads)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_fails_only_calls_made_while_down() {
+    let mut server = RedisServer::start();
+    // A deadline that a slow machine's reconnect cannot overrun: this test is
+    // about errors, not latency (tests/fault_hung.rs measures the deadline).
+    let deadline = Duration::from_millis(500);
+    let tiers = [
+        tier_with(&server.url(), deadline, TimeSource::Server),
+        tier_with(&server.url(), deadline, TimeSource::Server),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = load(&tiers, 8, &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let killed = Instant::now();
+    server.kill9();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // restart() blocks until the new process answers PING.
+    tokio::task::block_in_place(|| server.restart());
+    let up = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = finish(tasks).await;
+
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.result.is_err()).collect();
+    let after_up = outcomes.iter().filter(|o| o.started >= up).count();
+    eprintln!(
+        "{} checks, {} failed (all started within {:?} of the kill; down for {:?}), {after_up} started after the restart",
+        outcomes.len(),
+        failed.len(),
+        failed
+            .iter()
+            .map(|o| o.started.saturating_duration_since(killed))
+            .max(),
+        up - killed,
+    );
+    for o in &failed {
+        let err = o.result.as_ref().expect_err("failed");
+        assert!(
+            o.started < up,
+            "a check started {:?} after the server was back failed: {err:?}",
+            o.started - up
+        );
+        assert!(
+            matches!(
+                err.redis_failure(),
+                Some(
+                    RedisFailure::ConnectionLost
+                        | RedisFailure::ConnectionRefused
+                        | RedisFailure::Timeout
+                )
+            ),
+            "{err:?}"
+        );
+    }
+    assert!(!failed.is_empty(), "the kill should have failed some calls");
+    assert!(
+        after_up > 50,
+        "too few checks after the restart: {after_up}"
+    );
+}
+
+/// 5 per hour: nothing refills while the test runs.
+fn per_hour() -> RuleSet {
+    set("batch", [Rule::per_hour(5).expect("valid")])
+}
+
+#[tokio::test]
+async fn batch_after_script_flush_resends_only_what_failed() {
+    let server = RedisServer::start();
+    let tier = tier(&server.url());
+    let set = per_hour();
+    let keys: Vec<String> = (0..20).map(|i| format!("user{i}")).collect();
+    let batch: Vec<_> = keys.iter().map(|k| CheckRequest::new(k, &set, 1)).collect();
+
+    // A key holding the wrong type (a hash where GCRA keeps a string) makes
+    // its script call fail on its own.
+    let mut conn = server.conn().await;
+    let broken = CheckRequest::new("broken", &set, 1);
+    let _: () = redis::cmd("HSET")
+        .arg(support::storage_key(&set, "broken", 0))
+        .arg("field")
+        .arg("value")
+        .query_async(&mut conn)
+        .await
+        .expect("HSET");
+    let mut with_broken = batch.clone();
+    with_broken.push(broken);
+
+    for round in 1..=3u64 {
+        server.script_flush().await;
+        let before = server.command_calls("evalsha").await;
+        let results = tier.check_many(&with_broken).await.expect("batch");
+        let sent = server.command_calls("evalsha").await - before;
+        // Every call was refused with NOSCRIPT once, then sent again once.
+        assert_eq!(sent, 2 * with_broken.len() as u64, "round {round}");
+        for (i, r) in results[..keys.len()].iter().enumerate() {
+            let v = r
+                .as_ref()
+                .unwrap_or_else(|e| panic!("round {round}, item {i}: {e:?}"));
+            assert!(v.decision.allowed);
+            assert_eq!(v.decision.remaining, 5 - round, "each check consumed once");
+        }
+        let err = results[keys.len()].as_ref().expect_err("wrong type");
+        assert_eq!(err.redis_failure(), Some(RedisFailure::Other), "{err:?}");
+    }
+
+    // With the script cached, one EVALSHA per check, failures not re-sent.
+    let before = server.command_calls("evalsha").await;
+    let results = tier.check_many(&with_broken).await.expect("batch");
+    assert_eq!(
+        server.command_calls("evalsha").await - before,
+        with_broken.len() as u64
+    );
+    assert!(
+        results[..keys.len()]
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|v| v.decision.remaining == 1))
+    );
+}

@@ -1,0 +1,113 @@
+//! Writing an outage ledger back: for every algorithm the units debit the
+//! rule as if they had been checked on Redis, a re-sent batch changes nothing,
+//! an entry whose window has passed changes nothing, and a lost script cache
+//! is reloaded.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierlimit_core::{Clock, FakeClock, LedgerEntry};
+use tierlimit_test::RedisServer;
+
+use support::{ALGORITHMS, client_time_tier, rule, set, storage_key};
+
+/// Half past some hour, so hourly windows hold still.
+const NOW_US: u64 = 1_700_000_000_000_000 + 30 * 60_000_000;
+
+#[tokio::test]
+async fn ledger_units_count_once() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    for algorithm in ALGORITHMS {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 10, Duration::from_secs(3600));
+        let set = set(&format!("rc{}", algorithm.code()), [r.clone()]);
+        assert_eq!(
+            tier.check("k", &set, 1)
+                .await
+                .expect("check")
+                .decision
+                .remaining,
+            9
+        );
+
+        let at = clock.unix_micros() - 1_000;
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 3, at, at);
+        let batch = format!("b{}", algorithm.code());
+        let report = tier
+            .reconcile(&batch, std::slice::from_ref(&entry))
+            .await
+            .expect("reconcile");
+        assert_eq!(report.applied_units, 3, "{label}: {report:?}");
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(v.decision.remaining, 5, "{label}: 1 + 3 + 1 of 10 used");
+
+        // The same batch again (its first outcome was, say, a timeout).
+        let report = tier.reconcile(&batch, &[entry]).await.expect("reconcile");
+        assert_eq!(
+            (report.applied_units, report.already_applied),
+            (0, 1),
+            "{label}"
+        );
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(
+            v.decision.remaining, 4,
+            "{label}: the re-sent batch changed nothing"
+        );
+
+        // Window algorithms: units from two hours ago no longer matter to an
+        // hourly rule. (The ledger drops such entries before sending them;
+        // for GCRA and the token bucket the script then charges them from the
+        // current state, which is its documented, conservative choice.)
+        if !algorithm.has_burst() {
+            let old = clock.unix_micros() - 2 * 3_600_000_000;
+            let stale = LedgerEntry::new(storage_key(&set, "k", 0), r, 2, old, old);
+            let report = tier
+                .reconcile(&format!("old{}", algorithm.code()), &[stale])
+                .await;
+            let report = report.expect("reconcile");
+            assert_eq!((report.applied_units, report.expired), (0, 1), "{label}");
+            let v = tier.check("k", &set, 1).await.expect("check");
+            assert_eq!(
+                v.decision.remaining, 3,
+                "{label}: stale units changed nothing"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn reconcile_after_script_flush() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    let r = rule(ALGORITHMS[0], 10, Duration::from_secs(60));
+    let set = set("flushed", [r.clone()]);
+    let entries: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|k| {
+            LedgerEntry::new(
+                storage_key(&set, k, 0),
+                r.clone(),
+                2,
+                NOW_US - 10,
+                NOW_US - 5,
+            )
+        })
+        .collect();
+    for (round, batch) in ["one", "two"].iter().enumerate() {
+        server.script_flush().await;
+        let report = tier.reconcile(batch, &entries).await.expect("reconcile");
+        assert_eq!(report.applied_units, 6, "round {round}");
+    }
+    assert_eq!(
+        server.keys_without_ttl().await,
+        Vec::<String>::new(),
+        "markers expire too"
+    );
+    let v = tier.check("a", &set, 1).await.expect("check");
+    assert_eq!(v.decision.remaining, 5);
+}

@@ -1,0 +1,77 @@
+//! Clock skew between app servers cannot change a decision in server-time
+//! mode: two tiers whose clocks are 30 s apart, taking turns on one key, decide
+//! like one limiter. The same two clocks in client-time mode do disagree,
+//! which shows the test would catch a tier that trusted its own clock.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierlimit_core::{Clock, FakeClock, Rule, RuleSet, SystemClock};
+use tierlimit_redis::{RedisTier, TimeSource};
+use tierlimit_test::RedisServer;
+
+use support::{set, tier_with};
+
+const SKEW: Duration = Duration::from_secs(30);
+
+/// A clock reading real time plus `ahead`.
+fn skewed(ahead: Duration) -> Arc<dyn Clock> {
+    let clock = FakeClock::new(SystemClock.unix_micros());
+    clock.advance(ahead);
+    Arc::new(clock)
+}
+
+/// 5 per minute, burst 5: without skew the 6th request of a quick run is denied.
+fn per_minute() -> RuleSet {
+    set("skew", [Rule::per_minute(5).expect("valid")])
+}
+
+/// Ten requests, alternating between the two tiers; who admitted what.
+async fn take_turns(a: &RedisTier, b: &RedisTier, key: &str) -> Vec<bool> {
+    let set = per_minute();
+    let mut decisions = Vec::new();
+    for i in 0..10 {
+        let tier = if i % 2 == 0 { a } else { b };
+        decisions.push(
+            tier.check(key, &set, 1)
+                .await
+                .expect("check")
+                .decision
+                .allowed,
+        );
+    }
+    decisions
+}
+
+const ONE_LIMITER: [bool; 10] = [
+    true, true, true, true, true, false, false, false, false, false,
+];
+
+#[tokio::test]
+async fn server_time_ignores_skewed_clocks() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_secs(2);
+    // In server mode the tiers are given no clock at all: nothing they could
+    // read from their hosts reaches the script, whatever those clocks say.
+    let a = tier_with(&server.url(), deadline, TimeSource::Server);
+    let b = tier_with(&server.url(), deadline, TimeSource::Server);
+    assert_eq!(take_turns(&a, &b, "server").await, ONE_LIMITER);
+
+    let a = tier_with(
+        &server.url(),
+        deadline,
+        TimeSource::Client(skewed(Duration::ZERO)),
+    );
+    let b = tier_with(&server.url(), deadline, TimeSource::Client(skewed(SKEW)));
+    let skewed_run = take_turns(&a, &b, "client").await;
+    eprintln!("client time, 30 s apart: {skewed_run:?}");
+    assert_ne!(
+        skewed_run, ONE_LIMITER,
+        "client time should expose the skew"
+    );
+    // B, 30 s ahead, finds refilled the units A has only just spent.
+    let admitted = skewed_run.iter().filter(|a| **a).count();
+    assert!(admitted > 5, "{skewed_run:?}");
+}

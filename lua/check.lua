@@ -1,0 +1,100 @@
+-- check.lua: checks one request against every rule of a rule set, all or nothing.
+--
+-- The main body of the check script. The Rust side prepends the algorithm
+-- files (gcra.lua, token_bucket.lua, sliding_log.lua, sliding_window.lua,
+-- fixed_window.lua), which define <alg>_check and <alg>_commit.
+--
+-- KEYS[i]  storage key of rule i: tl:{<escaped user key>}:<set>:<rule id>
+--          (all rules share the hash tag, so one Cluster slot).
+-- ARGV[1]  now in µs since the Unix epoch, or "0" to use the server's TIME.
+-- ARGV[2]  cost: units this request takes from every rule (>= 1).
+-- ARGV[3]  nonce: a random u64 per call, keeps sliding-log members unique.
+-- ARGV[4 + 5(i-1) ..] five per rule i: algorithm code (1 GCRA, 2 token bucket,
+--          3 sliding log, 4 sliding window, 5 fixed window), limit, period_us,
+--          capacity, utc_offset_us.
+--
+-- Reply: an array of integers
+--   { allowed (1/0), deciding rule (0-based), retry_after_us (0 when allowed),
+--     now_us, then per rule i: remaining_i, reset_after_us_i }
+-- Deciding rule: when denied, the denying rule with the longest retry-after;
+-- when allowed, the rule with the fewest remaining (ties: the lowest index).
+-- When allowed, remaining_i and reset_after_us_i describe rule i after this
+-- request; when denied nothing is written anywhere, and they describe rule i
+-- as it stands (remaining_i = units it would admit now).
+--
+-- Every rule is checked first, without writing; only if all admit is each
+-- committed. A denied request therefore changes no rule's state.
+--
+-- Numbers passed to redis.call are formatted with string.format: Redis turns a
+-- bare Lua number into a string with %.14g, which loses digits of 16-digit
+-- microsecond timestamps.
+
+local CHECKS = {
+  gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
+}
+local COMMITS = {
+  gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
+}
+
+local rules = #KEYS
+if rules == 0 or #ARGV ~= 3 + 5 * rules then
+  return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
+end
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+local cost = tonumber(ARGV[2])
+local nonce = ARGV[3]
+
+local outcome = {}
+local allowed = true
+for i = 1, rules do
+  local a = 3 + 5 * (i - 1)
+  local code = tonumber(ARGV[a + 1])
+  local check = CHECKS[code]
+  if check == nil then
+    return redis.error_reply('ERR tierlimit check: unknown algorithm code ' .. ARGV[a + 1])
+  end
+  local ok, remaining, reset, retry, state, reset_now = check(KEYS[i], now, cost,
+    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
+  outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
+  allowed = allowed and ok
+end
+
+local reply = { 0, 0, 0, now }
+if allowed then
+  reply[1] = 1
+  local fewest = nil
+  for i = 1, rules do
+    local o = outcome[i]
+    COMMITS[o[7]](KEYS[i], now, cost, nonce, o[5])
+    if fewest == nil or o[2] < fewest then
+      fewest = o[2]
+      reply[2] = i - 1
+    end
+    reply[3 + 2 * i] = o[2]
+    reply[4 + 2 * i] = o[3]
+  end
+else
+  local longest = nil
+  for i = 1, rules do
+    local o = outcome[i]
+    if o[1] then
+      -- Passed, but nothing is committed: report it as it stands.
+      reply[3 + 2 * i] = o[2] + cost
+      reply[4 + 2 * i] = o[6]
+    else
+      if longest == nil or o[4] > longest then
+        longest = o[4]
+        reply[2] = i - 1
+      end
+      reply[3 + 2 * i] = o[2]
+      reply[4 + 2 * i] = o[3]
+    end
+  end
+  reply[3] = longest
+end
+return reply

@@ -1,0 +1,41 @@
+-- fixed_window.lua: a fixed window counter, one rule; with a UTC offset and a
+-- period of an hour or a day, the windows are natural (calendar) hours or days.
+--
+-- A fragment of the check script (see check.lua), not a script of its own.
+--
+-- KEYS: the rule's storage key (KEYS[i] of check.lua).
+-- ARGV: the rule's arguments from check.lua: limit, period_us, utc_offset_us
+--       (capacity is the limit).
+-- Reply: fixed_window_check returns ok, remaining, reset_after_us,
+--        retry_after_us, state (what fixed_window_commit writes), reset_now_us
+--        (reset_after as things stand, before this request).
+--
+-- State: a hash {w, c}: w = floor((now + utc_offset) / period), the index of
+-- the window in local time, and c = units admitted in it; a different w means
+-- a new window with c = 0. A request of `cost` is admitted iff c + cost <=
+-- limit. Retry-after and reset-after are both the time to the window's end,
+-- which is also when the key expires.
+
+local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
+  local cur = math.floor((now + offset) / period)
+  local state = redis.call('HMGET', key, 'w', 'c')
+  local w, c = tonumber(state[1]), tonumber(state[2]) or 0
+  if w == nil or w < cur then
+    w, c = cur, 0
+  end
+  -- w > cur only when a client clock lags the last writer's: keep counting in w.
+  local left = (w + 1) * period - offset - now
+  local reset_now = 0
+  if c > 0 then
+    reset_now = left
+  end
+  if c + cost <= limit then
+    return true, limit - c - cost, left, 0, { w, c + cost, left }, reset_now
+  end
+  return false, math.max(0, limit - c), left, left, nil, left
+end
+
+local function fixed_window_commit(key, now, cost, nonce, state)
+  redis.call('HSET', key, 'w', string.format('%d', state[1]), 'c', string.format('%d', state[2]))
+  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[3] / 1000))))
+end

@@ -1,0 +1,70 @@
+-- sliding_log.lua: a sliding window log, one rule.
+--
+-- A fragment of the check script (see check.lua), not a script of its own.
+--
+-- KEYS: the rule's storage key (KEYS[i] of check.lua).
+-- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the
+--       limit; no UTC offset). The call's nonce (ARGV[3] of check.lua) makes
+--       members unique.
+-- Reply: sliding_log_check returns ok, remaining, reset_after_us,
+--        retry_after_us, state (what sliding_log_commit needs), reset_now_us
+--        (reset_after as things stand, before this request).
+--
+-- State: a sorted set with one member per admitted unit, scored by its time
+-- in µs since the Unix epoch; a unit counts while now < score + period. Exact
+-- over every trailing period; memory grows with the limit. Members are
+-- "<now>:<nonce>:<j>", unique even when many requests share a microsecond.
+-- The check only reads (ZCOUNT); the commit prunes what has left the window,
+-- adds the units and sets the TTL to when the newest unit leaves.
+
+-- Members per ZADD, far below Lua's limit on unpack()ed arguments.
+local SLIDING_LOG_BATCH = 500
+
+-- The score of the newest unit in the log (the key must not be empty).
+local function sliding_log_newest(key)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return tonumber(newest[2])
+end
+
+local function sliding_log_check(key, now, cost, limit, period)
+  local since = '(' .. string.format('%d', now - period)
+  local count = redis.call('ZCOUNT', key, since, '+inf')
+  local newest = nil
+  local reset_now = 0
+  if count > 0 then
+    newest = sliding_log_newest(key)
+    reset_now = math.max(0, newest + period - now)
+  end
+  if count + cost <= limit then
+    local keep_until = now
+    if newest and newest > now then
+      -- A member from a client clock ahead of ours: keep the key for it.
+      keep_until = newest
+    end
+    return true, limit - count - cost, keep_until + period - now, 0,
+      { period, keep_until }, reset_now
+  end
+  -- Denied: the (count + cost - limit) oldest units must leave first.
+  local entry = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES',
+    'LIMIT', string.format('%d', count + cost - limit - 1), 1)
+  local retry = math.max(1, tonumber(entry[2]) + period - now)
+  return false, math.max(0, limit - count), reset_now, retry, nil, reset_now
+end
+
+local function sliding_log_commit(key, now, cost, nonce, state)
+  local period, keep_until = state[1], state[2]
+  local score = string.format('%d', now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+  local prefix = score .. ':' .. nonce .. ':'
+  local args = {}
+  for j = 1, cost do
+    args[#args + 1] = score
+    args[#args + 1] = prefix .. j
+    if #args >= 2 * SLIDING_LOG_BATCH or j == cost then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  redis.call('PEXPIRE', key,
+    string.format('%d', math.max(1, math.ceil((keep_until + period - now) / 1000))))
+end

@@ -1,0 +1,80 @@
+-- sliding_window.lua: a sliding window counter (approximate), one rule.
+--
+-- A fragment of the check script (see check.lua), not a script of its own.
+--
+-- KEYS: the rule's storage key (KEYS[i] of check.lua).
+-- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the
+--       limit; no UTC offset).
+-- Reply: sliding_window_check returns ok, remaining, reset_after_us,
+--        retry_after_us, state (what sliding_window_commit writes),
+--        reset_now_us (reset_after as things stand, before this request).
+--
+-- State: a hash {w, c, p}: w = floor(now / period), the index of the current
+-- fixed window; c = units admitted in it; p = units admitted in window w - 1.
+-- At `elapsed` µs into the current window the trailing period is estimated as
+--
+--     estimate = p * (period - elapsed) / period + c
+--
+-- (Cloudflare's weighted windows), and a request of `cost` is admitted iff
+-- estimate + cost <= limit.
+--
+-- Error bound. The estimate assumes the previous window's units were spread
+-- evenly over it; it is exact when they were. Because estimate >= c, no fixed
+-- window ever admits more than `limit`, so a span touching n windows admits
+-- at most n * limit. A trailing period ending `elapsed` into window k holds at
+-- most c_k + c_(k-1) <= limit + c_(k-1) * elapsed / period < 2 * limit units;
+-- that worst case needs all of window k-1's units packed at its very end.
+-- Under saturating load each window after the first admits limit - 1 (the
+-- previous window's weight never quite reaches 0 before the window ends), so
+-- the long-run rate is at most one unit per window under the configured one.
+-- The key expires when its current window stops
+-- mattering: at the end of the next window (2 * period - elapsed).
+
+local SW_SLACK = 1e-9
+
+local function sliding_window_check(key, now, cost, limit, period)
+  local cur = math.floor(now / period)
+  local state = redis.call('HMGET', key, 'w', 'c', 'p')
+  local w, c, p = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  if w == nil or w < cur - 1 then
+    w, c, p = cur, 0, 0
+  elseif w == cur - 1 then
+    w, c, p = cur, 0, c
+  end
+  -- w > cur only when a client clock lags the last writer's: keep counting in w.
+  local elapsed = now - w * period
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  local left = period - elapsed
+  local estimate = p * left / period + c
+  local reset_now = 0
+  if c > 0 then
+    reset_now = left + period
+  elseif p > 0 then
+    reset_now = left
+  end
+  if estimate + cost <= limit + SW_SLACK then
+    local remaining = math.max(0, math.floor(limit - estimate - cost + SW_SLACK))
+    return true, remaining, left + period, 0, { w, c + cost, p, left + period }, reset_now
+  end
+  local room = limit - cost
+  local retry
+  if c <= room then
+    -- Still in this window (then p > 0): wait until p's weight has shrunk enough.
+    retry = math.ceil(left - (room - c) * period / p)
+  else
+    -- Only the next window can admit it, once c (then its p) weighs little enough.
+    retry = left + math.max(0, math.ceil(period - room * period / c))
+  end
+  local remaining = math.max(0, math.floor(limit - estimate + SW_SLACK))
+  return false, remaining, reset_now, math.max(1, retry), nil, reset_now
+end
+
+local function sliding_window_commit(key, now, cost, nonce, state)
+  redis.call('HSET', key,
+    'w', string.format('%d', state[1]),
+    'c', string.format('%d', state[2]),
+    'p', string.format('%d', state[3]))
+  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[4] / 1000))))
+end
