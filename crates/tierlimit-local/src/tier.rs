@@ -250,7 +250,8 @@ impl LocalTier {
         let now = self.clock.unix_micros();
         for (i, rule) in set.rules().iter().enumerate() {
             if set.reconciles(i) {
-                self.ledger.record(set.storage_key(escaped_key, i), rule, cost, now);
+                self.ledger
+                    .record(set.storage_key(escaped_key, i), rule, cost, now);
             }
         }
     }

@@ -318,6 +318,19 @@ impl RedisTier {
         Ok(report)
     }
 
+    /// Forgets the current connection: the next call connects afresh, within
+    /// its deadline.
+    ///
+    /// redis-rs matches replies to requests in order. A socket that lived
+    /// through a blackhole has sent requests that will never be answered, so
+    /// once traffic flows again every later call would receive an earlier
+    /// call's reply and time out. The hybrid limiter calls this before each
+    /// probe, so the probe, and the calls after a successful one, use a socket
+    /// with nothing in flight.
+    pub fn drop_connection(&self) {
+        self.inner.conn.store(None);
+    }
+
     /// Starts building a fresh connection in the background and swaps it in
     /// once it answers `PING`; calls keep using the current one until then.
     ///

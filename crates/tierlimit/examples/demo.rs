@@ -32,15 +32,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ],
     )?
     .with_policy(Policy::LocalFallback);
-    let login = RuleSet::new(
-        "login",
-        [Rule::with_period(3, Duration::from_secs(10))?.with_algorithm(Algorithm::FixedWindow)?],
-    )?
-    .with_policy(Policy::FailClosed);
+    let login =
+        RuleSet::new(
+            "login",
+            [Rule::with_period(3, Duration::from_secs(10))?
+                .with_algorithm(Algorithm::FixedWindow)?],
+        )?
+        .with_policy(Policy::FailClosed);
 
     println!(
-        "{:>3}  {:<6} {:<8} {:<7} {:>5} {:>9} {:>12} {:>4}  {}",
-        "#", "set", "key", "allowed", "limit", "remaining", "retry_after", "rule", "tier"
+        "{:>3}  {:<6} {:<8} {:<7} {:>5} {:>9} {:>12} {:>4}  tier",
+        "#", "set", "key", "allowed", "limit", "remaining", "retry_after", "rule"
     );
     let checks = (0..12)
         .map(|_| (&api, "alice"))

@@ -39,10 +39,13 @@ mod limiter;
 mod reconcile;
 mod tasks;
 
-pub use breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome, Transition, TransitionReason};
+pub use breaker::{
+    Breaker, BreakerConfig, BreakerState, FailureOutcome, Transition, TransitionReason,
+};
 pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances};
 pub use reconcile::{ReconcileConfig, ReconcileStats};
 pub use tierlimit_core::{
-    Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet, SystemClock, Tier,
+    Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet,
+    SystemClock, Tier,
 };
 pub use tierlimit_local::LocalConfig;

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
-    Clock, Decision, Error, Policy, Result, Rule, RuleSet, SystemClock, Tier, escape_key, validate_key,
+    Clock, Decision, Error, Policy, Result, Rule, RuleSet, SystemClock, Tier, escape_key,
+    validate_key,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource};
@@ -142,7 +143,9 @@ impl HybridLimiterBuilder {
     /// Must be called inside a Tokio runtime; [`Error::InvalidConfig`] otherwise.
     pub fn build(self) -> Result<HybridLimiter> {
         let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
-        let url = self.redis_url.ok_or_else(|| invalid("redis_url is required"))?;
+        let url = self
+            .redis_url
+            .ok_or_else(|| invalid("redis_url is required"))?;
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
@@ -167,7 +170,11 @@ impl HybridLimiterBuilder {
         } else {
             TimeSource::Server
         };
-        let redis = RedisTier::new(RedisTierConfig::new(url).deadline(self.deadline).time_source(time))?;
+        let redis = RedisTier::new(
+            RedisTierConfig::new(url)
+                .deadline(self.deadline)
+                .time_source(time),
+        )?;
         self.reconcile.validate()?;
         let breaker = Breaker::new(self.breaker, self.clock.clone())?;
         let local = LocalTier::new(self.local, self.clock.clone())?;
@@ -309,7 +316,9 @@ impl HybridLimiter {
                         verdict.rules.iter().map(|r| (r.remaining, r.reset_after)),
                     );
                     if !decision.allowed {
-                        inner.local.cache_denial(&escaped, rule_set, cost, &decision);
+                        inner
+                            .local
+                            .cache_denial(&escaped, rule_set, cost, &decision);
                     }
                     return Ok(count(decision));
                 }
@@ -365,7 +374,11 @@ impl HybridLimiter {
 }
 
 fn count(decision: Decision) -> Decision {
-    let outcome = if decision.allowed { "allowed" } else { "denied" };
+    let outcome = if decision.allowed {
+        "allowed"
+    } else {
+        "denied"
+    };
     metrics::counter!("tierlimit_decisions_total", "tier" => decision.tier.as_str(), "outcome" => outcome)
         .increment(1);
     decision
@@ -377,9 +390,6 @@ impl Inner {
             self.redis.replace_connection();
         }
         if outcome.transition.is_some() {
-            // A tripped breaker means the socket may hold requests that will never
-            // be answered: probe on a fresh one.
-            self.redis.replace_connection();
             self.wake.notify_one();
         }
     }
@@ -406,8 +416,17 @@ impl Inner {
             Decision::allowed(limit, 0, Duration::ZERO, 0, Tier::FailOpen)
         } else {
             // Retry once Redis may be back: after the next probe.
-            let retry = self.breaker.time_until_probe().unwrap_or(self.breaker.current_cool_down());
-            Decision::denied(limit, retry, retry.max(Duration::from_millis(1)), 0, Tier::FailClosed)
+            let retry = self
+                .breaker
+                .time_until_probe()
+                .unwrap_or(self.breaker.current_cool_down());
+            Decision::denied(
+                limit,
+                retry,
+                retry.max(Duration::from_millis(1)),
+                0,
+                Tier::FailClosed,
+            )
         }
     }
 }

@@ -34,8 +34,6 @@ pub struct ReconcileConfig {
     /// holds Redis for well under a millisecond, so checks queued behind it keep
     /// their latency).
     pub batch_size: usize,
-    /// Deadline of one batch (default 500 ms).
-    pub batch_deadline: Duration,
     /// How often the reconciler looks for work when nothing woke it (default 1 s).
     pub idle_poll: Duration,
 }
@@ -44,7 +42,6 @@ impl Default for ReconcileConfig {
     fn default() -> Self {
         ReconcileConfig {
             batch_size: 64,
-            batch_deadline: Duration::from_millis(500),
             idle_poll: Duration::from_secs(1),
         }
     }
@@ -54,12 +51,15 @@ impl ReconcileConfig {
     pub(crate) fn validate(&self) -> tierlimit_core::Result<()> {
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return Err(tierlimit_core::Error::InvalidConfig {
-                what: format!("reconcile.batch_size must be 1 to 10000 (got {})", self.batch_size),
+                what: format!(
+                    "reconcile.batch_size must be 1 to 10000 (got {})",
+                    self.batch_size
+                ),
             });
         }
-        if self.batch_deadline.is_zero() || self.idle_poll.is_zero() {
+        if self.idle_poll.is_zero() {
             return Err(tierlimit_core::Error::InvalidConfig {
-                what: "reconcile.batch_deadline and reconcile.idle_poll must not be zero".into(),
+                what: "reconcile.idle_poll must not be zero".into(),
             });
         }
         Ok(())
@@ -127,7 +127,12 @@ pub(crate) async fn run(inner: Weak<Inner>) {
     loop {
         let Some(this) = inner.upgrade() else { return };
         let has_work = !this.local.ledger().is_empty()
-            || this.reconciler.pending.lock().map(|p| p.is_some()).unwrap_or(true);
+            || this
+                .reconciler
+                .pending
+                .lock()
+                .map(|p| p.is_some())
+                .unwrap_or(true);
         let wait = if this.breaker.state() == BreakerState::Closed && has_work {
             drain(&this).await;
             // A drain stops early only on a failure: try again soon if still Closed.
@@ -148,7 +153,11 @@ async fn drain(inner: &Arc<Inner>) {
     let expired = inner.local.ledger().drop_expired(inner.clock.unix_micros());
     loop {
         if inner.breaker.state() != BreakerState::Closed {
-            tracing::warn!(units, batches, "reconcile paused: Redis failed again; the rest stays in the ledger");
+            tracing::warn!(
+                units,
+                batches,
+                "reconcile paused: Redis failed again; the rest stays in the ledger"
+            );
             return;
         }
         let batch = {
@@ -158,12 +167,19 @@ async fn drain(inner: &Arc<Inner>) {
             };
             match pending.as_ref() {
                 Some(b) => {
-                    inner.reconciler.counters.batches_retried.fetch_add(1, Ordering::Relaxed);
+                    inner
+                        .reconciler
+                        .counters
+                        .batches_retried
+                        .fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("tierlimit_reconcile_batches_retried_total").increment(1);
                     b.clone()
                 }
                 None => {
-                    let entries = inner.local.ledger().batch(inner.reconciler.config.batch_size);
+                    let entries = inner
+                        .local
+                        .ledger()
+                        .batch(inner.reconciler.config.batch_size);
                     if entries.is_empty() {
                         break;
                     }
@@ -175,14 +191,11 @@ async fn drain(inner: &Arc<Inner>) {
         };
         let (id, entries) = batch;
         let begun = Instant::now();
-        let result = tokio::time::timeout(
-            inner.reconciler.config.batch_deadline,
-            inner.redis.reconcile(&id, &entries),
-        )
-        .await;
+        // Under the Redis tier's deadline, like every call.
+        let result = inner.redis.reconcile(&id, &entries).await;
         let latency = begun.elapsed();
         match result {
-            Ok(Ok(_)) => {
+            Ok(_) => {
                 inner.breaker.record_success(latency);
                 for e in &entries {
                     inner.local.ledger().ack(e);
@@ -198,14 +211,9 @@ async fn drain(inner: &Arc<Inner>) {
                     *p = None;
                 }
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::debug!(error = %e, batch = %id, "reconcile batch failed; it will be re-sent");
                 let outcome = inner.breaker.record_failure(latency, e.is_timeout());
-                inner.after_failure(outcome);
-                return;
-            }
-            Err(_) => {
-                let outcome = inner.breaker.record_failure(latency, true);
                 inner.after_failure(outcome);
                 return;
             }

@@ -38,7 +38,8 @@ async fn prober(inner: Weak<Inner>) {
         match this.breaker.state() {
             BreakerState::Closed => {
                 // Woken when a check trips the breaker; the timeout is a safety net.
-                let _ = tokio::time::timeout(Duration::from_millis(500), this.wake.notified()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), this.wake.notified()).await;
             }
             _ => {
                 let wait = this.breaker.time_until_probe().unwrap_or(Duration::ZERO);
@@ -49,6 +50,7 @@ async fn prober(inner: Weak<Inner>) {
                 }
                 if this.breaker.try_start_probe() {
                     let key = format!("probe:{}", this.instance_id);
+                    this.redis.drop_connection();
                     match this.redis.check(&key, &set, 1).await {
                         Ok(_) => {
                             this.breaker.probe_succeeded();
@@ -58,10 +60,8 @@ async fn prober(inner: Weak<Inner>) {
                         }
                         Err(e) => {
                             tracing::debug!(error = %e, "probe failed");
-                            let outcome = this.breaker.probe_failed(e.is_timeout());
-                            // Whatever the socket holds, the next probe gets a fresh one.
-                            let _ = outcome;
-                            this.redis.replace_connection();
+                            // The next probe drops this connection anyway: no replacement here.
+                            let _ = this.breaker.probe_failed(e.is_timeout());
                         }
                     }
                 } else {
@@ -79,7 +79,11 @@ async fn beat(inner: &Inner) {
         return;
     }
     let ttl = inner.heartbeat_every * 3;
-    match inner.redis.heartbeat(&inner.heartbeat_key, &inner.instance_id, ttl).await {
+    match inner
+        .redis
+        .heartbeat(&inner.heartbeat_key, &inner.instance_id, ttl)
+        .await
+    {
         Ok(count) => {
             inner.instances.store(count.max(1), Ordering::Relaxed);
             metrics::gauge!("tierlimit_instances").set(count as f64);

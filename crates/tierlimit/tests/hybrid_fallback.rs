@@ -27,7 +27,10 @@ async fn three_instances_share_the_limit_during_an_outage() {
         limiters.push(healthy(b).await);
     }
     assert!(
-        wait_for(Duration::from_secs(5), || limiters.iter().all(|l| l.instances() == 3)).await,
+        wait_for(Duration::from_secs(5), || limiters
+            .iter()
+            .all(|l| l.instances() == 3))
+        .await,
         "the heartbeat did not teach every limiter there are 3 instances: {:?}",
         limiters.iter().map(|l| l.instances()).collect::<Vec<_>>()
     );
@@ -52,7 +55,12 @@ async fn three_instances_share_the_limit_during_an_outage() {
             .collect(),
     );
     let counts = Arc::new(Mutex::new(BTreeMap::<u64, (u64, u64)>::new()));
-    let (ls, s, nv, c) = (Arc::new(limiters.clone()), set.clone(), naive.clone(), counts.clone());
+    let (ls, s, nv, c) = (
+        Arc::new(limiters.clone()),
+        set.clone(),
+        naive.clone(),
+        counts.clone(),
+    );
     let load = Load::start(24, Duration::from_millis(1), move |t, _| {
         let (ls, s, nv, c) = (ls.clone(), s.clone(), nv.clone(), c.clone());
         async move {
@@ -72,7 +80,10 @@ async fn three_instances_share_the_limit_during_an_outage() {
         }
     });
     assert!(
-        wait_for(Duration::from_secs(2), || limiters.iter().all(|l| l.breaker_state() != BreakerState::Closed)).await,
+        wait_for(Duration::from_secs(2), || limiters
+            .iter()
+            .all(|l| l.breaker_state() != BreakerState::Closed))
+        .await,
         "not every limiter tripped"
     );
     let first_full = SystemClock.unix_micros() / 1_000_000 + 1;
@@ -90,12 +101,26 @@ async fn three_instances_share_the_limit_during_an_outage() {
         .map(|(w, c)| (*w, *c))
         .collect();
     for (w, (real, naive)) in &full {
-        println!("window {w}: three instances admitted {real} (bound {}), a naive fallback {naive} (3 x limit = {})", LIMIT + 3, 3 * LIMIT);
+        println!(
+            "window {w}: three instances admitted {real} (bound {}), a naive fallback {naive} (3 x limit = {})",
+            LIMIT + 3,
+            3 * LIMIT
+        );
     }
-    assert!(full.len() >= 2, "the outage covered too few whole windows: {full:?}");
+    assert!(
+        full.len() >= 2,
+        "the outage covered too few whole windows: {full:?}"
+    );
     for (w, (n, naive)) in &full {
-        assert!(*naive > LIMIT + 3, "window {w}: the naive fallback admitted only {naive}: the load was too light to show anything");
-        assert!(*n <= LIMIT + 3, "window {w}: {n} admitted, bound {}", LIMIT + 3);
+        assert!(
+            *naive > LIMIT + 3,
+            "window {w}: the naive fallback admitted only {naive}: the load was too light to show anything"
+        );
+        assert!(
+            *n <= LIMIT + 3,
+            "window {w}: {n} admitted, bound {}",
+            LIMIT + 3
+        );
     }
 }
 
@@ -107,22 +132,37 @@ async fn a_bucket_starts_warm_from_what_redis_last_reported() {
     let limiter = healthy(builder(&server.url())).await;
     let set = RuleSet::new("quota", [Rule::per_hour(100).expect("valid")]).expect("valid");
     for _ in 0..90 {
-        let d = limiter.check("heavy-user", &set, 1).await.expect("valid input");
+        let d = limiter
+            .check("heavy-user", &set, 1)
+            .await
+            .expect("valid input");
         assert!(d.allowed && d.tier == Tier::Redis);
     }
     server.pause();
     let mut admitted = 0;
     let mut local = 0;
     for _ in 0..100 {
-        let d = limiter.check("heavy-user", &set, 1).await.expect("valid input");
+        let d = limiter
+            .check("heavy-user", &set, 1)
+            .await
+            .expect("valid input");
         admitted += u64::from(d.allowed);
         local += u64::from(d.tier == Tier::Local);
     }
     server.resume();
     println!("warm start: {admitted} of 100 admitted locally after 90 of 100 were used in Redis");
-    assert!(local > 90, "the fallback did not answer: {local} local decisions");
-    assert!(admitted <= 10, "a fresh quota was handed out: {admitted} admitted");
-    assert!(admitted >= 9, "the remaining quota was not honoured: {admitted} admitted");
+    assert!(
+        local > 90,
+        "the fallback did not answer: {local} local decisions"
+    );
+    assert!(
+        admitted <= 10,
+        "a fresh quota was handed out: {admitted} admitted"
+    );
+    assert!(
+        admitted >= 9,
+        "the remaining quota was not honoured: {admitted} admitted"
+    );
 }
 
 /// Acceptance 7: a denied key that keeps being hammered is answered from the
@@ -143,7 +183,10 @@ async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
     let (mut checks, mut admitted, mut cached) = (0u64, 0u64, 0u64);
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_millis(2_500) {
-        let d = limiter.check("hammered", &set, 1).await.expect("valid input");
+        let d = limiter
+            .check("hammered", &set, 1)
+            .await
+            .expect("valid input");
         checks += 1;
         admitted += u64::from(d.allowed);
         cached += u64::from(d.tier == Tier::DenyCache);
@@ -152,9 +195,14 @@ async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
     let calls = server.command_calls("evalsha").await + server.command_calls("eval").await - before;
     // Windows touched: 3 or 4 in 2.5 s. Each costs its admitted calls plus one denial.
     let windows = 4;
-    println!("deny cache: {checks} checks, {admitted} admitted, {cached} from the cache, {calls} script calls");
+    println!(
+        "deny cache: {checks} checks, {admitted} admitted, {cached} from the cache, {calls} script calls"
+    );
     assert!(cached > 100, "the cache answered only {cached} checks");
-    assert!(calls <= admitted + windows, "{calls} script calls for {admitted} admissions over at most {windows} windows");
+    assert!(
+        calls <= admitted + windows,
+        "{calls} script calls for {admitted} admissions over at most {windows} windows"
+    );
 }
 
 /// Acceptance 8: spraying 1,000,000 distinct keys while Open keeps the local map
@@ -174,7 +222,10 @@ async fn a_key_spray_while_open_stays_within_the_bound() {
     let rss_before = rss_kib();
     let (mut local, mut refused) = (0u64, 0u64);
     for i in 0..1_000_000u64 {
-        let d = limiter.check(&format!("sprayed-{i}"), &set, 1).await.expect("valid input");
+        let d = limiter
+            .check(&format!("sprayed-{i}"), &set, 1)
+            .await
+            .expect("valid input");
         match d.tier {
             Tier::Local => local += 1,
             Tier::FailClosed => refused += 1,
@@ -191,7 +242,11 @@ async fn a_key_spray_while_open_stays_within_the_bound() {
     assert_eq!(limiter.local().refused(), refused);
     assert!(refused >= 1_000_000 - MAX_KEYS as u64);
     // 10,000 buckets take a few MiB; 1,000,000 would take hundreds.
-    assert!(rss_after.saturating_sub(rss_before) < 64 * 1024, "RSS grew by {} KiB", rss_after - rss_before);
+    assert!(
+        rss_after.saturating_sub(rss_before) < 64 * 1024,
+        "RSS grew by {} KiB",
+        rss_after - rss_before
+    );
 }
 
 fn rss_kib() -> u64 {

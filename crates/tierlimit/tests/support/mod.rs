@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, RuleSet};
+use tierlimit::{
+    BreakerConfig, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, RuleSet,
+};
 
 /// The deadline every fault test runs with.
 pub const DEADLINE: Duration = Duration::from_millis(50);
@@ -46,7 +48,10 @@ pub struct StateLog {
 
 impl StateLog {
     pub fn start(limiter: Arc<HybridLimiter>, origin: Instant) -> StateLog {
-        let events = Arc::new(Mutex::new(vec![(origin.elapsed(), limiter.breaker_state())]));
+        let events = Arc::new(Mutex::new(vec![(
+            origin.elapsed(),
+            limiter.breaker_state(),
+        )]));
         let log = events.clone();
         let task = tokio::spawn(async move {
             let mut last = limiter.breaker_state();
@@ -70,6 +75,24 @@ impl StateLog {
             .iter()
             .find(|(at, s)| *s == state && *at >= from)
             .map(|(at, _)| *at)
+    }
+
+    /// True when the breaker was not Closed during the whole of `[at - margin,
+    /// at + margin]` (the log is polled, so it lags a transition by a little).
+    pub fn open_throughout(&self, at: Duration, margin: Duration) -> bool {
+        let events = self.events.lock().expect("log lock");
+        let state_at = |t: Duration| {
+            events
+                .iter()
+                .take_while(|(when, _)| *when <= t)
+                .last()
+                .map(|(_, s)| *s)
+        };
+        let from = at.saturating_sub(margin);
+        let changes_inside = events
+            .iter()
+            .any(|(when, _)| *when > from && *when <= at + margin);
+        !changes_inside && state_at(from).is_some_and(|s| s != BreakerState::Closed)
     }
 
     /// True when the breaker left Closed at any time after `from`.
