@@ -26,8 +26,10 @@
 -- window, so no key is punished beyond one full period however much the fleet
 -- over-admitted:
 --   GCRA / token bucket: the theoretical arrival time moves by units * period /
---     limit from max(TAT, first_us), and at most to now + capacity * T (an empty
---     bucket, refilling at the normal rate).
+--     limit from max(TAT, first_us) (a full bucket has no TAT: the units start
+--     at first_us and may have refilled already), and at most to now +
+--     capacity * T (an empty bucket, refilling at the normal rate). Units whose
+--     last one is a full period old are expired.
 --   sliding log: the units become members spread over [first_us, last_us],
 --     those still inside the trailing period, up to `limit` members in all.
 --   sliding window counter / fixed window: the units are added to the counter
@@ -60,8 +62,11 @@ local function ttl(key_, us)
 end
 
 -- GCRA and the token bucket share one rule: the arrival time (relative to now)
--- after the units, capped at a full bucket's worth.
+-- after the units, capped at a full bucket's worth. `rel` is the stored arrival
+-- time relative to now, or nil for a full bucket; units admitted long ago start
+-- from when they were admitted, so they may have refilled already.
 local function debt_after(rel)
+  rel = rel or -math.huge
   local t = period / limit
   local start = math.max(rel, first - now)
   return math.min(start + units * t, capacity * t)
@@ -69,8 +74,11 @@ end
 
 local status, applied = 1, units
 
-if code == 1 then
-  local rel = 0
+if (code == 1 or code == 2) and last + period <= now then
+  -- A full period has passed since the last of them: they can no longer matter.
+  status, applied = 2, 0
+elseif code == 1 then
+  local rel = nil
   local stored = redis.call('GET', key)
   if stored then
     local whole, frac = string.match(stored, '^(%d+)(%.?%d*)$')
@@ -88,13 +96,16 @@ if code == 1 then
   end
 elseif code == 2 then
   local rate = limit / period
-  local tokens = capacity
+  local rel = nil
   local state = redis.call('HMGET', key, 'tokens', 'ts')
   local have, at = tonumber(state[1]), tonumber(state[2])
   if have and at then
-    tokens = math.min(capacity, have + math.max(0, now - at) * rate)
+    local tokens = math.min(capacity, have + math.max(0, now - at) * rate)
+    if tokens < capacity then
+      rel = (capacity - tokens) / rate
+    end
   end
-  local new_rel = debt_after((capacity - tokens) / rate)
+  local new_rel = debt_after(rel)
   if new_rel <= 0 then
     status, applied = 2, 0
   else

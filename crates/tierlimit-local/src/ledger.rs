@@ -27,6 +27,8 @@ struct Units {
 #[derive(Debug)]
 pub struct Ledger {
     entries: BoundedMap<(String, u64), Units>,
+    /// Units held over all entries, kept as they change so reading it is free.
+    units: AtomicU64,
     overflow_units: AtomicU64,
     expired_units: AtomicU64,
 }
@@ -36,6 +38,7 @@ impl Ledger {
     pub fn new(max_entries: usize) -> Self {
         Ledger {
             entries: BoundedMap::new(max_entries),
+            units: AtomicU64::new(0),
             overflow_units: AtomicU64::new(0),
             expired_units: AtomicU64::new(0),
         }
@@ -55,6 +58,7 @@ impl Ledger {
         match entry {
             Some(mut e) => {
                 e.units += units;
+                self.units.fetch_add(units, Ordering::Relaxed);
                 e.first_us = e.first_us.min(now_us);
                 e.last_us = e.last_us.max(now_us);
             }
@@ -81,7 +85,9 @@ impl Ledger {
         let key = (entry.storage_key.clone(), entry.window_index());
         let empty = match self.entries.get_mut(&key) {
             Some(mut u) => {
-                u.units = u.units.saturating_sub(entry.units);
+                let taken = u.units.min(entry.units);
+                u.units -= taken;
+                self.units.fetch_sub(taken, Ordering::Relaxed);
                 u.units == 0
             }
             None => false,
@@ -106,6 +112,7 @@ impl Ledger {
             live
         });
         if dropped > 0 {
+            self.units.fetch_sub(dropped, Ordering::Relaxed);
             self.expired_units.fetch_add(dropped, Ordering::Relaxed);
             metrics::counter!("tierlimit_ledger_dropped_units_total", "reason" => "expired")
                 .increment(dropped);
@@ -123,13 +130,9 @@ impl Ledger {
         self.len() == 0
     }
 
-    /// Units held, over all entries (walks the ledger).
+    /// Units held, over all entries.
     pub fn units(&self) -> u64 {
-        self.entries
-            .snapshot(usize::MAX)
-            .iter()
-            .map(|(_, u)| u.units)
-            .sum()
+        self.units.load(Ordering::Relaxed)
     }
 
     /// Units refused because the ledger was full.

@@ -58,11 +58,9 @@ async fn ledger_units_count_once() {
             "{label}: the re-sent batch changed nothing"
         );
 
-        // Window algorithms: units from two hours ago no longer matter to an
-        // hourly rule. (The ledger drops such entries before sending them;
-        // for GCRA and the token bucket the script then charges them from the
-        // current state, which is its documented, conservative choice.)
-        if !algorithm.has_burst() {
+        // Units from two hours ago no longer matter to an hourly rule (the
+        // ledger drops such entries before sending them; the script agrees).
+        {
             let old = clock.unix_micros() - 2 * 3_600_000_000;
             let stale = LedgerEntry::new(storage_key(&set, "k", 0), r, 2, old, old);
             let report = tier

@@ -27,13 +27,16 @@ use crate::breaker::BreakerState;
 use crate::limiter::Inner;
 
 /// Settings of the reconciler.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ReconcileConfig {
-    /// Entries per pipelined batch (default 64: small enough that one batch
-    /// holds Redis for well under a millisecond, so checks queued behind it keep
-    /// their latency).
+    /// Entries per pipelined batch (default 16: one batch holds Redis for a few
+    /// hundred microseconds, so a check queued behind it keeps its latency).
     pub batch_size: usize,
+    /// The share of wall time a drain may spend on batches, in (0, 1]
+    /// (default 0.5): after each batch the drain rests as long as the batch
+    /// took, leaving Redis and the CPU to checks.
+    pub duty_cycle: f64,
     /// How often the reconciler looks for work when nothing woke it (default 1 s).
     pub idle_poll: Duration,
 }
@@ -41,7 +44,8 @@ pub struct ReconcileConfig {
 impl Default for ReconcileConfig {
     fn default() -> Self {
         ReconcileConfig {
-            batch_size: 64,
+            batch_size: 16,
+            duty_cycle: 0.5,
             idle_poll: Duration::from_secs(1),
         }
     }
@@ -54,6 +58,14 @@ impl ReconcileConfig {
                 what: format!(
                     "reconcile.batch_size must be 1 to 10000 (got {})",
                     self.batch_size
+                ),
+            });
+        }
+        if !(self.duty_cycle > 0.0 && self.duty_cycle <= 1.0) {
+            return Err(tierlimit_core::Error::InvalidConfig {
+                what: format!(
+                    "reconcile.duty_cycle must be in (0, 1] (got {})",
+                    self.duty_cycle
                 ),
             });
         }
@@ -218,8 +230,14 @@ async fn drain(inner: &Arc<Inner>) {
                 return;
             }
         }
-        // Let checks run between batches.
-        tokio::task::yield_now().await;
+        // Rest so the drain keeps to its duty cycle, leaving Redis to checks.
+        let duty = inner.reconciler.config.duty_cycle;
+        let rest = begun.elapsed().mul_f64((1.0 - duty) / duty);
+        if rest.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(rest).await;
+        }
     }
     if units > 0 || expired > 0 {
         tracing::info!(
