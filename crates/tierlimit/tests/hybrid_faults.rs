@@ -44,9 +44,16 @@ impl Kind {
     }
 
     fn via_proxy(self) -> bool {
+        // Kill9 too: Redis is restarted while the proxy refuses, so the moment
+        // it "returns" is one switch of the proxy, not a slow process start.
         matches!(
             self,
-            Kind::LatencyBelow | Kind::LatencyAbove | Kind::Blackhole | Kind::Refuse | Kind::Reset
+            Kind::Kill9
+                | Kind::LatencyBelow
+                | Kind::LatencyAbove
+                | Kind::Blackhole
+                | Kind::Refuse
+                | Kind::Reset
         )
     }
 }
@@ -122,10 +129,22 @@ async fn scenario(kind: Kind) {
     }
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
+    if kind == Kind::Kill9 {
+        proxy.set(Fault::Refuse);
+        server.restart();
+    }
+    // Heal while no probe is in flight, so "the cool-down in force" is defined.
+    if kind.trip_bound().is_some() {
+        assert!(
+            wait_for(Duration::from_secs(2), || limiter.breaker_state()
+                == BreakerState::Open)
+            .await,
+            "{kind:?}: the breaker is not Open before healing"
+        );
+    }
     let heal_at = load.elapsed();
     let until_probe = limiter.breaker().time_until_probe().unwrap_or_default();
     match kind {
-        Kind::Kill9 => server.restart(),
         Kind::Hang => server.resume(),
         Kind::Oom => server.flushall().await,
         Kind::RestartEmpty | Kind::ScriptFlush => {}
