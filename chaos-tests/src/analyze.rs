@@ -1,0 +1,406 @@
+//! Reads the apps' logs and judges a scenario against the bounds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::Serialize;
+use tierlimit::Tier;
+
+use crate::plan::{STREAMS, WINDOW_LIMIT, tier_of};
+
+/// One decision from an app's log.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision {
+    /// µs since the run's start.
+    pub t: u64,
+    /// Latency, µs.
+    pub lat: u64,
+    /// Stream (policy) index.
+    pub stream: usize,
+    /// Who decided.
+    pub tier: Tier,
+    /// Admitted?
+    pub allowed: bool,
+    /// Key index.
+    pub key: usize,
+}
+
+/// One app's log, parsed.
+#[derive(Debug, Default, Clone)]
+pub struct AppLog {
+    /// Decisions.
+    pub decisions: Vec<Decision>,
+    /// Checks that returned an error: (t, message).
+    pub errors: Vec<(u64, String)>,
+    /// Breaker states: (t, state, probe due t).
+    pub states: Vec<(u64, String, Option<u64>)>,
+    /// The final counters: reconciled, expired, overflow, pending, batches retried, instances.
+    pub last: Option<[u64; 6]>,
+}
+
+impl AppLog {
+    /// Parses a log file (a missing file is an empty log).
+    pub fn read(path: &Path) -> AppLog {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut log = AppLog::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            match f.first().copied() {
+                Some("d") if f.len() == 7 => {
+                    if let (Some(t), Some(lat), Some(stream), Some(tier), Some(allowed), Some(key)) =
+                        (n(1), n(2), n(3), f[4].chars().next().and_then(tier_of), n(5), n(6))
+                    {
+                        log.decisions.push(Decision { t, lat, stream: stream as usize, tier, allowed: allowed == 1, key: key as usize });
+                    }
+                }
+                Some("e") if f.len() >= 5 => log.errors.push((n(1).unwrap_or(0), f[4..].join(","))),
+                Some("s") if f.len() == 4 => log.states.push((n(1).unwrap_or(0), f[2].to_string(), n(3))),
+                Some("f") if f.len() == 7 => {
+                    let mut v = [0; 6];
+                    for (i, slot) in v.iter_mut().enumerate() {
+                        *slot = n(i + 1).unwrap_or(0);
+                    }
+                    log.last = Some(v);
+                }
+                _ => {}
+            }
+        }
+        log
+    }
+
+    /// The breaker state at `t` (µs), from the log.
+    pub fn state_at(&self, t: u64) -> &str {
+        self.states.iter().take_while(|(at, _, _)| *at <= t).last().map_or("closed", |(_, s, _)| s.as_str())
+    }
+
+    /// True when the breaker was not closed over all of `[t - margin, t + margin]`.
+    pub fn open_around(&self, t: u64, margin: u64) -> bool {
+        let from = t.saturating_sub(margin);
+        self.state_at(from) != "closed" && !self.states.iter().any(|(at, _, _)| *at > from && *at <= t + margin)
+    }
+
+    /// The first time at or after `from` the breaker entered `state`.
+    pub fn first(&self, state: &str, from: u64) -> Option<u64> {
+        self.states.iter().find(|(at, s, _)| *at >= from && s == state).map(|(at, _, _)| *at)
+    }
+}
+
+/// What the controller saw of one scenario run.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    /// When the fault started, µs since the run's start.
+    pub fault_at: u64,
+    /// When the heal actions completed (Redis is back), µs.
+    pub healed_at: u64,
+    /// When Redis lost its data, if it did, µs.
+    pub data_lost_at: Option<u64>,
+    /// Apps killed, with when.
+    pub killed: Vec<(usize, u64)>,
+    /// Wall-clock start of the run, µs since the epoch.
+    pub start_unix_us: u64,
+}
+
+/// A bound and whether the run kept it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The bound, in words.
+    pub bound: String,
+    /// PASS or FAIL or N/A.
+    pub verdict: &'static str,
+    /// What was measured.
+    pub measured: String,
+}
+
+/// Per policy (stream) measures.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct PolicyRow {
+    /// The policy.
+    pub policy: String,
+    /// Admitted, by tier.
+    pub admitted: BTreeMap<String, u64>,
+    /// Denied, by tier.
+    pub denied: BTreeMap<String, u64>,
+    /// Admitted during the outage as a ratio of the global limit over it
+    /// (local fallback only: fleet admissions / (limit x keys x seconds)).
+    pub outage_ratio: Option<f64>,
+    /// Slowest decision, ms.
+    pub max_latency_ms: f64,
+    /// p99 decision latency, ms.
+    pub p99_latency_ms: f64,
+}
+
+/// Everything measured in one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// What it does.
+    pub about: String,
+    /// Driver name.
+    pub driver: String,
+    /// Per policy.
+    pub policies: Vec<PolicyRow>,
+    /// Slowest trip over the apps, ms (outage scenarios).
+    pub trip_ms: Option<f64>,
+    /// Slowest recovery over the apps, ms after Redis returned.
+    pub recover_ms: Option<f64>,
+    /// Units the apps wrote back to Redis.
+    pub reconciled_units: u64,
+    /// Units dropped (expired or ledger overflow).
+    pub dropped_units: u64,
+    /// The bounds.
+    pub checks: Vec<Check>,
+    /// Decisions per 250 ms by tier, for the chart: (bucket start s, tier, count).
+    pub series: Vec<(f64, String, u64)>,
+    /// Fault window, s since the run's start.
+    pub fault_window: (f64, f64),
+}
+
+impl ScenarioResult {
+    /// PASS when every bound held.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.verdict != "FAIL")
+    }
+}
+
+fn check(bound: impl Into<String>, ok: bool, measured: impl Into<String>) -> Check {
+    Check { bound: bound.into(), verdict: if ok { "PASS" } else { "FAIL" }, measured: measured.into() }
+}
+
+fn na(bound: impl Into<String>, why: impl Into<String>) -> Check {
+    Check { bound: bound.into(), verdict: "N/A", measured: why.into() }
+}
+
+fn p99(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// Inputs of [`judge`] beyond the logs.
+#[derive(Debug, Clone)]
+pub struct Context<'a> {
+    /// The scenario.
+    pub scenario: &'a crate::scenario::Scenario,
+    /// The driver's name.
+    pub driver: &'a str,
+    /// The deadline the bounds are judged against, ms (the nominal one, even for
+    /// a sabotaged limiter).
+    pub deadline_ms: u64,
+    /// The breaker's longest cool-down, ms.
+    pub max_cool_down_ms: u64,
+    /// Keys per stream.
+    pub keys: usize,
+    /// The controller's timeline.
+    pub timeline: Timeline,
+    /// Checks one app has in flight at most (its tasks): what a killed app may
+    /// have sent to Redis without living to log it.
+    pub in_flight: u64,
+    /// Per local-fallback key: the natural-day counter Redis holds at the end.
+    pub redis_counts: HashMap<usize, u64>,
+}
+
+/// Judges one scenario run.
+pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
+    let sc = ctx.scenario;
+    let tl = &ctx.timeline;
+    let deadline_us = ctx.deadline_ms * 1_000;
+    let margin = 5_000;
+    let mut checks = Vec::new();
+    let all: Vec<(usize, &Decision)> = logs.iter().enumerate().flat_map(|(a, l)| l.decisions.iter().map(move |d| (a, d))).collect();
+
+    // Latency and errors.
+    let max_lat = all.iter().map(|(_, d)| d.lat).max().unwrap_or(0);
+    let bound = deadline_us + 15_000;
+    checks.push(check(
+        format!("every decision within deadline + 15 ms = {} ms", bound / 1_000),
+        max_lat <= bound,
+        format!("max {:.1} ms over {} decisions", max_lat as f64 / 1e3, all.len()),
+    ));
+    let errors: usize = logs.iter().map(|l| l.errors.len()).sum();
+    checks.push(check("no check returns an error", errors == 0, format!("{errors} errors")));
+
+    // Per policy rows; fail-open / fail-closed while Open.
+    let mut policies = Vec::new();
+    let outage_s = (tl.healed_at.saturating_sub(tl.fault_at)) as f64 / 1e6;
+    for (stream, name) in STREAMS.iter().enumerate() {
+        let mut row = PolicyRow { policy: name.to_string(), ..PolicyRow::default() };
+        let mine: Vec<&(usize, &Decision)> = all.iter().filter(|(_, d)| d.stream == stream).collect();
+        for (_, d) in &mine {
+            let map = if d.allowed { &mut row.admitted } else { &mut row.denied };
+            *map.entry(d.tier.as_str().to_string()).or_default() += 1;
+        }
+        let lats: Vec<u64> = mine.iter().map(|(_, d)| d.lat).collect();
+        row.max_latency_ms = lats.iter().copied().max().unwrap_or(0) as f64 / 1e3;
+        row.p99_latency_ms = p99(lats) as f64 / 1e3;
+        let while_open: Vec<&&(usize, &Decision)> = mine.iter().filter(|(a, d)| logs[*a].open_around(d.t, margin)).collect();
+        match stream {
+            0 if !while_open.is_empty() => {
+                let denied = while_open.iter().filter(|(_, d)| !d.allowed).count();
+                checks.push(check("fail-open admits everything while Open", denied == 0, format!("{denied} of {} denied", while_open.len())));
+            }
+            1 if !while_open.is_empty() => {
+                let admitted = while_open.iter().filter(|(_, d)| d.allowed).count();
+                checks.push(check("fail-closed admits nothing while Open", admitted == 0, format!("{admitted} of {} admitted", while_open.len())));
+            }
+            2 if outage_s > 0.0 && sc.outage => {
+                let admitted = while_open
+                    .iter()
+                    .filter(|(_, d)| d.allowed && d.t >= tl.fault_at && d.t < tl.healed_at)
+                    .count() as f64;
+                row.outage_ratio = Some(admitted / (WINDOW_LIMIT as f64 * ctx.keys as f64 * outage_s));
+            }
+            _ => {}
+        }
+        policies.push(row);
+    }
+
+    // Local fallback shares the limit: per key, per 1 s window wholly inside an
+    // interval where every live app was Open.
+    if sc.outage {
+        let mut per: HashMap<(usize, u64), u64> = HashMap::new();
+        let mut windows_ok: HashMap<u64, bool> = HashMap::new();
+        for (a, d) in all.iter().filter(|(_, d)| d.stream == 2) {
+            let w = (tl.start_unix_us + d.t) / 1_000_000;
+            if d.allowed {
+                *per.entry((d.key, w)).or_default() += 1;
+            }
+            let open = logs[*a].open_around(d.t, margin) && d.tier != Tier::Redis;
+            let e = windows_ok.entry(w).or_insert(true);
+            *e = *e && open;
+        }
+        // Every decision of such a window was local and made while Open.
+        let full: Vec<u64> = windows_ok.iter().filter(|(_, ok)| **ok).map(|(w, _)| *w).collect();
+        let apps = logs.len() as u64;
+        let worst = per.iter().filter(|((_, w), _)| full.contains(w)).map(|(_, n)| *n).max();
+        let bound = format!("local fallback: at most limit + instances = {} per key per window across the apps", WINDOW_LIMIT + apps);
+        match worst {
+            Some(n) => checks.push(check(bound, n <= WINDOW_LIMIT + apps, format!("worst window {n} (a naive fallback could admit {})", WINDOW_LIMIT * apps))),
+            None => checks.push(na(bound, "no whole window inside the outage")),
+        }
+    }
+
+    // Trip and recovery per app that was alive at the fault.
+    let (mut trip_ms, mut recover_ms) = (None::<f64>, None::<f64>);
+    if sc.outage {
+        let trip_bound = if sc.fast_trip { 200_000 } else { 500_000 };
+        for (a, log) in logs.iter().enumerate() {
+            let killed_at = tl.killed.iter().find(|(k, _)| *k == a).map(|(_, t)| *t);
+            if killed_at.is_some_and(|k| k <= tl.fault_at) {
+                continue;
+            }
+            match log.first("open", tl.fault_at) {
+                Some(t) => {
+                    let trip = t - tl.fault_at;
+                    trip_ms = Some(trip_ms.unwrap_or(0.0).max(trip as f64 / 1e3));
+                    if trip > trip_bound {
+                        checks.push(check(format!("app {a} trips within {} ms", trip_bound / 1_000), false, format!("{:.1} ms", trip as f64 / 1e3)));
+                    }
+                }
+                None => checks.push(check(format!("app {a} trips within {} ms", trip_bound / 1_000), false, "never tripped")),
+            }
+            if killed_at.is_some() {
+                continue;
+            }
+            // The cool-down in force when Redis returned, plus one probe.
+            let (state, due) = log
+                .states
+                .iter()
+                .take_while(|(at, _, _)| *at <= tl.healed_at)
+                .last()
+                .map(|(_, s, d)| (s.as_str(), *d))
+                .unwrap_or(("closed", None));
+            let limit = match state {
+                "open" => due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us,
+                // A probe in flight may still fail: then one more cool-down and probe.
+                "half_open" => tl.healed_at + 2 * deadline_us + ctx.max_cool_down_ms * 1_000,
+                _ => tl.healed_at,
+            } + 100_000;
+            match log.first("closed", tl.healed_at.saturating_sub(1)) {
+                Some(t) => {
+                    recover_ms = Some(recover_ms.unwrap_or(0.0).max(t.saturating_sub(tl.healed_at) as f64 / 1e3));
+                    if t > limit {
+                        checks.push(check(format!("app {a} closes within its cool-down + one probe"), false, format!("closed {:.1} ms after Redis returned, bound {:.1} ms", (t - tl.healed_at) as f64 / 1e3, (limit - tl.healed_at) as f64 / 1e3)));
+                    }
+                }
+                None if state == "closed" => {}
+                None => checks.push(check(format!("app {a} closes after Redis returns"), false, "never closed")),
+            }
+        }
+        if let (Some(t), Some(r)) = (trip_ms, recover_ms) {
+            checks.push(check(
+                format!("every app trips within {} ms and recovers within cool-down + one probe", trip_bound / 1_000),
+                !checks.iter().any(|c| c.bound.starts_with("app ") && c.verdict == "FAIL"),
+                format!("slowest trip {t:.1} ms, slowest recovery {r:.1} ms"),
+            ));
+        }
+    }
+
+    // Reconciliation: Redis holds every unit admitted for the natural-day rule.
+    let reconciled: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[0]).sum();
+    let dropped: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[1] + f[2]).sum();
+    let pending: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[3]).sum();
+    {
+        let mut worst = String::new();
+        let mut ok = true;
+        for key in 0..ctx.keys {
+            let (mut sure, mut unknown, mut at_risk) = (0u64, 0u64, 0u64);
+            for (a, d) in all.iter().filter(|(_, d)| d.stream == 2 && d.key == key) {
+                // A call that passed its deadline may still run on Redis (a hung
+                // server runs what it buffered when it resumes), whatever the
+                // fallback answered: its unit may or may not be in Redis.
+                if d.tier != Tier::Redis && d.lat + 1_000 >= deadline_us {
+                    unknown += 1;
+                }
+                if !d.allowed || (d.tier == Tier::Redis && tl.data_lost_at.is_some_and(|lost| d.t < lost)) {
+                    continue;
+                }
+                let killed = tl.killed.iter().any(|(k, _)| k == a);
+                if d.tier != Tier::Redis && killed {
+                    at_risk += 1;
+                } else {
+                    sure += 1;
+                }
+            }
+            // A killed app's checks in flight when it died may have run on Redis.
+            unknown += ctx.in_flight * tl.killed.len() as u64;
+            let got = ctx.redis_counts.get(&key).copied().unwrap_or(0);
+            let (lo, hi) = (sure, sure + at_risk + unknown);
+            if got < lo || got > hi {
+                ok = false;
+                worst = format!("key {key}: Redis holds {got}, expected {sure} (+ up to {at_risk} from killed apps, + up to {unknown} of unknown outcome)");
+                break;
+            }
+        }
+        let lost_note = if tl.killed.is_empty() { String::new() } else { "; a killed app's undrained ledger dies with it".into() };
+        checks.push(check(
+            "after recovery Redis holds every unit admitted (live windows), none twice",
+            ok && pending == 0,
+            if ok { format!("{} keys exact, {reconciled} units reconciled, {pending} pending{lost_note}", ctx.keys) } else { worst },
+        ));
+    }
+
+    // Chart series: decisions per 250 ms by tier.
+    let mut buckets: BTreeMap<(u64, &'static str), u64> = BTreeMap::new();
+    for (_, d) in &all {
+        *buckets.entry((d.t / 250_000, d.tier.as_str())).or_default() += 1;
+    }
+    let series = buckets.into_iter().map(|((b, tier), n)| (b as f64 * 0.25, tier.to_string(), n * 4)).collect();
+
+    ScenarioResult {
+        scenario: sc.name.to_string(),
+        about: sc.about.to_string(),
+        driver: ctx.driver.to_string(),
+        policies,
+        trip_ms,
+        recover_ms,
+        reconciled_units: reconciled,
+        dropped_units: dropped,
+        checks,
+        series,
+        fault_window: (tl.fault_at as f64 / 1e6, tl.healed_at as f64 / 1e6),
+    }
+}

@@ -1,0 +1,148 @@
+//! One app instance: an embedded [`HybridLimiter`] under steady load, logging
+//! every decision and every breaker transition. The process driver runs it as a
+//! child process, the docker driver as a container (`chaos-app <plan.json>`).
+//!
+//! The log is plain text, one record per line, written as it happens so a killed
+//! app loses only the checks in flight when it died:
+//!
+//! * `d,<t_us>,<latency_us>,<stream>,<tier>,<allowed 0|1>,<key>`: a decision
+//! * `e,<t_us>,<latency_us>,<stream>,<message>`: a check that returned an error
+//! * `s,<t_us>,<state>,<probe_due_t_us|->`: the breaker changed state
+//! * `f,<reconciled>,<expired>,<overflow>,<pending>,<batches_retried>,<instances>`:
+//!   the final reconcile counters
+//!
+//! Times are µs since the plan's wall-clock start, shared by every app.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances};
+use tokio::sync::mpsc;
+
+use crate::plan::{AppPlan, key, rule_sets, tier_code};
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The breaker settings every chaos app uses: production thresholds with short
+/// cool-downs, so a quick run sees several probes.
+pub fn breaker() -> BreakerConfig {
+    let mut b = BreakerConfig::default();
+    b.cool_down = Duration::from_millis(200);
+    b.max_cool_down = Duration::from_secs(1);
+    b
+}
+
+/// Runs one app to completion. Errors are set-up errors (bad plan, unwritable log).
+pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
+    let sets = Arc::new(rule_sets(plan.day_offset_s)?);
+    let limiter = Arc::new(
+        HybridLimiter::builder()
+            .redis_url(plan.redis_url.clone())
+            .deadline(if plan.sabotage_no_deadline { Duration::from_secs(60) } else { plan.deadline() })
+            .breaker(breaker())
+            .instances(Instances::Learned { initial: 1 })
+            .heartbeat_every(Duration::from_millis(200))
+            .group("chaos")
+            .build()?,
+    );
+    let file = std::fs::File::create(&plan.out)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        let mut out = std::io::BufWriter::new(file);
+        while let Some(line) = rx.recv().await {
+            let _ = writeln!(out, "{line}");
+            // Everything queued goes out in one write; nothing waits for a timer.
+            while let Ok(line) = rx.try_recv() {
+                let _ = writeln!(out, "{line}");
+            }
+            let _ = out.flush();
+        }
+    });
+
+    let start_us = plan.start_unix_ms * 1_000;
+    let rel = move || unix_us().saturating_sub(start_us);
+    // Reach Redis before the load starts.
+    let lead = Duration::from_micros(start_us.saturating_sub(unix_us()));
+    limiter.wait_closed(lead).await;
+    tokio::time::sleep(Duration::from_micros(start_us.saturating_sub(unix_us()))).await;
+
+    let states = {
+        let (limiter, tx) = (limiter.clone(), tx.clone());
+        tokio::spawn(async move {
+            // Every transition counts, even a probe that fails within one poll
+            // (open -> half-open -> open): its new probe time must be logged.
+            let mut last = None;
+            loop {
+                let seen = limiter.breaker().transitions();
+                let state = limiter.breaker_state();
+                if Some(seen) != last {
+                    let due = limiter
+                        .breaker()
+                        .time_until_probe()
+                        .map_or("-".to_string(), |d| (rel() + d.as_micros() as u64).to_string());
+                    let _ = tx.send(format!("s,{},{},{}", rel(), state.as_str(), due));
+                    last = Some(seen);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+
+    let end = Instant::now() + Duration::from_millis(plan.run_ms);
+    let tasks: Vec<_> = (0..plan.tasks)
+        .map(|t| {
+            let (limiter, sets, tx, plan) = (limiter.clone(), sets.clone(), tx.clone(), plan.clone());
+            tokio::spawn(async move {
+                let mut i = t;
+                while Instant::now() < end {
+                    let stream = i % 3;
+                    let k = (i / 3 + plan.app) % plan.keys;
+                    let at = rel();
+                    let begun = Instant::now();
+                    let result = limiter.check(&key(stream, k), &sets[stream], 1).await;
+                    let lat = begun.elapsed().as_micros();
+                    let line = match result {
+                        Ok(d) => format!("d,{at},{lat},{stream},{},{},{k}", tier_code(d.tier), u8::from(d.allowed)),
+                        Err(e) => format!("e,{at},{lat},{stream},{}", e.to_string().replace(',', ";")),
+                    };
+                    let _ = tx.send(line);
+                    i += plan.tasks;
+                    tokio::time::sleep(Duration::from_millis(plan.pace_ms)).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+
+    // Let the breaker close and the ledger drain, then report.
+    let drain_end = Instant::now() + Duration::from_millis(plan.drain_ms);
+    while Instant::now() < drain_end
+        && (limiter.breaker_state() != BreakerState::Closed || limiter.reconcile_stats().pending_units > 0)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One more look at the state, then stop watching it.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    states.abort();
+    let r = limiter.reconcile_stats();
+    let _ = tx.send(format!(
+        "f,{},{},{},{},{},{}",
+        r.reconciled_units,
+        r.expired_units,
+        r.overflow_units,
+        r.pending_units,
+        r.batches_retried,
+        limiter.instances()
+    ));
+    drop(tx);
+    let _ = writer.await;
+    Ok(())
+}

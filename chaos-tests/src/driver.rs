@@ -1,0 +1,60 @@
+//! Where Redis and the apps run, and how faults are made: one trait, two drivers.
+
+use std::path::Path;
+
+use crate::plan::AppPlan;
+
+mod docker;
+mod process;
+
+pub use docker::DockerDriver;
+pub use process::ProcessDriver;
+
+/// One thing a driver does to Redis or to an app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// SIGKILL Redis (`docker kill`).
+    KillRedis,
+    /// Start Redis again, with empty data and an empty script cache.
+    StartRedis,
+    /// Hang Redis with its sockets open (SIGSTOP, `docker pause`).
+    PauseRedis,
+    /// Let a hung Redis go on (SIGCONT, `docker unpause`).
+    ResumeRedis,
+    /// Cut the network between the apps and Redis: packets vanish.
+    CutNetwork,
+    /// Restore the network.
+    RestoreNetwork,
+    /// Reset every connection to Redis, and every new one, until restored.
+    ResetConnections,
+    /// Delay every packet between the apps and Redis by this many ms each way.
+    Latency(u64),
+    /// Undo `ResetConnections` or `Latency`.
+    ClearNetworkFault,
+    /// SIGKILL one app.
+    KillApp(usize),
+}
+
+/// Hosts Redis and the apps, and makes faults.
+pub trait Driver {
+    /// A short name for reports.
+    fn name(&self) -> &'static str;
+    /// Whether this driver can perform `action`.
+    fn supports(&self, action: Action) -> bool;
+    /// Starts a fresh Redis (`maxmemory` in bytes, `noeviction`, when given)
+    /// and returns the URL the apps must use.
+    fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String>;
+    /// A URL the controller (this process) reaches Redis at, for filling memory
+    /// and reading keys back. Fresh after every action: it may change.
+    fn controller_url(&mut self) -> Result<String, String>;
+    /// Starts one app per plan; their logs go to each plan's `out`, which must
+    /// be under `dir`.
+    fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String>;
+    /// Performs an action.
+    fn act(&mut self, action: Action) -> Result<(), String>;
+    /// Waits for every app still running to exit by itself.
+    fn wait_apps(&mut self) -> Result<(), String>;
+    /// Stops and removes everything this scenario started.
+    fn teardown(&mut self);
+}

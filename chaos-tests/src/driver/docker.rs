@@ -1,0 +1,448 @@
+//! The docker driver: a compose project (`chaos-tests/docker-compose.yml`) per
+//! scenario with a Redis container and one container per app; faults by
+//! `docker kill`, `restart`, `pause`/`unpause` and `network disconnect`.
+//!
+//! Each scenario gets its own project, `<prefix>x<n>` (prefix `tlchaos<pid>`,
+//! or `CHAOS_PROJECT` when set), so a leftover from one scenario never meets
+//! the next. The apps reach Redis as `redis://redis:6379/` on the project's
+//! network; this process reaches it through the port compose publishes on
+//! host loopback, looked up again on every [`controller_url`] call because a
+//! restarted container gets a new one.
+//!
+//! What it cannot do: [`Action::ResetConnections`], [`Action::Latency`] and
+//! [`Action::ClearNetworkFault`]. Those need `tc`/`iptables` inside a network
+//! namespace of the project (or `NET_ADMIN` and the tools in the images), and
+//! the images built by `images/build.sh` hold nothing but redis-server or
+//! chaos-app; the process driver makes those faults with its proxy.
+//!
+//! Environment: `CHAOS_COMPOSE` (the compose command, e.g. `docker-compose`;
+//! otherwise `docker compose` when `docker compose version` works, else
+//! `docker-compose`), `CHAOS_COMPOSE_FILE` (another compose file), and the
+//! image variables the compose file reads (`CHAOS_REDIS_IMAGE`,
+//! `CHAOS_APP_IMAGE`, `CHAOS_PULL_POLICY`), which pass through to compose.
+//!
+//! [`controller_url`]: Driver::controller_url
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Action, Driver};
+use crate::plan::AppPlan;
+
+/// Redis as the apps reach it: the service name on the project's network.
+const APP_REDIS_URL: &str = "redis://redis:6379/";
+/// The run directory inside the app containers.
+const MOUNT: &str = "/chaos";
+/// App services in the compose file.
+const APP_SERVICES: usize = 3;
+/// How long Redis gets to answer PING after it is started.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// The compose label holding a container's or network's project name.
+const PROJECT_LABEL: &str = "com.docker.compose.project";
+
+/// Runs Redis and the apps as containers (see `chaos-tests/docker-compose.yml`
+/// and `chaos-tests/README.md`).
+#[derive(Debug)]
+pub struct DockerDriver {
+    /// The compose command (`docker compose` or `docker-compose`), found on first use.
+    compose: Option<Vec<String>>,
+    compose_file: PathBuf,
+    prefix: String,
+    /// Projects started so far, for unique names.
+    started: u32,
+    project: Option<Project>,
+}
+
+/// One scenario's compose project.
+#[derive(Debug)]
+struct Project {
+    name: String,
+    /// Variables every compose command of this project gets, so that compose
+    /// computes the same configuration each time and never recreates Redis.
+    env: Vec<(String, String)>,
+    redis: String,
+    network: String,
+    paused: bool,
+    cut: bool,
+    /// App container ids, by index.
+    apps: Vec<String>,
+    /// Whether `KillApp` killed each app (its non-zero exit is then expected).
+    killed: Vec<bool>,
+}
+
+impl Default for DockerDriver {
+    fn default() -> Self {
+        let compose_file = std::env::var_os("CHAOS_COMPOSE_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("docker-compose.yml"));
+        // Compose project names: lower-case letters, digits, '-' and '_'.
+        let prefix: String = std::env::var("CHAOS_PROJECT")
+            .unwrap_or_else(|_| format!("tlchaos{}", std::process::id()))
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        DockerDriver {
+            compose: None,
+            compose_file,
+            prefix: if prefix.is_empty() { "tlchaos".into() } else { prefix },
+            started: 0,
+            project: None,
+        }
+    }
+}
+
+/// Runs a command and returns its trimmed stdout, or an error naming the
+/// command with its exit status and stderr.
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let shown = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("`{shown}` could not start: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "`{shown}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn docker(args: &[&str]) -> Result<String, String> {
+    run(Command::new("docker").args(args))
+}
+
+/// The last lines a container wrote, stdout and stderr.
+fn logs(id: &str) -> String {
+    match Command::new("docker").args(["logs", "--tail", "20", id]).stdin(Stdio::null()).output() {
+        Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        Err(e) => format!("(docker logs: {e})"),
+    }
+}
+
+/// Whether Redis at `addr` answers PING.
+fn answers_ping(addr: SocketAddr) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+        stream.write_all(b"PING\r\n")?;
+        let mut reply = [0u8; 7];
+        stream.read_exact(&mut reply)?;
+        Ok(&reply == b"+PONG\r\n")
+    };
+    attempt().unwrap_or(false)
+}
+
+/// `path` relative to `dir`, for a file that must be under `dir`.
+fn under(dir: &Path, path: &Path) -> Result<PathBuf, String> {
+    let outside = || format!("{} is not under the run directory {}", path.display(), dir.display());
+    let rel = match path.strip_prefix(dir) {
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => {
+            // Compare real paths: `dir` may be relative or reached through a link.
+            let real_dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+            let parent = path.parent().ok_or_else(outside)?;
+            let name = path.file_name().ok_or_else(outside)?;
+            let real_parent = parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?;
+            real_parent.join(name).strip_prefix(&real_dir).map_err(|_| outside())?.to_path_buf()
+        }
+    };
+    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(outside());
+    }
+    Ok(rel)
+}
+
+impl DockerDriver {
+    /// The compose command: `CHAOS_COMPOSE`, else `docker compose` if it
+    /// works, else `docker-compose`.
+    fn compose_cmd(&mut self) -> Result<Vec<String>, String> {
+        if let Some(c) = &self.compose {
+            return Ok(c.clone());
+        }
+        let works = |cmd: &[&str]| {
+            Command::new(cmd[0])
+                .args(&cmd[1..])
+                .arg("version")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let chosen: Vec<String> = match std::env::var("CHAOS_COMPOSE") {
+            Ok(c) if !c.trim().is_empty() => c.split_whitespace().map(str::to_string).collect(),
+            _ if works(&["docker", "compose"]) => vec!["docker".into(), "compose".into()],
+            _ if works(&["docker-compose"]) => vec!["docker-compose".into()],
+            _ => return Err("neither `docker compose` nor `docker-compose` works (set CHAOS_COMPOSE to a compose command)".into()),
+        };
+        self.compose = Some(chosen.clone());
+        Ok(chosen)
+    }
+
+    /// Runs `compose -f <file> -p <project> <args>` with the project's variables.
+    fn compose(&mut self, args: &[&str]) -> Result<String, String> {
+        let compose = self.compose_cmd()?;
+        let project = self.project.as_ref().ok_or("no compose project is running")?;
+        let mut cmd = Command::new(&compose[0]);
+        cmd.args(&compose[1..])
+            .arg("-f")
+            .arg(&self.compose_file)
+            .args(["-p", &project.name])
+            .args(args)
+            .envs(project.env.iter().map(|(k, v)| (k, v)));
+        run(&mut cmd)
+    }
+
+    fn project(&mut self) -> Result<&mut Project, String> {
+        self.project.as_mut().ok_or_else(|| "Redis is not started".to_string())
+    }
+
+    /// The id of the container of `service` in the current project.
+    fn container(&self, service: &str) -> Result<String, String> {
+        let name = &self.project.as_ref().ok_or("no compose project is running")?.name;
+        let out = docker(&[
+            "ps",
+            "-a",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label={PROJECT_LABEL}={name}"),
+            "--filter",
+            &format!("label=com.docker.compose.service={service}"),
+        ])?;
+        match out.lines().collect::<Vec<_>>()[..] {
+            [id] => Ok(id.to_string()),
+            [] => Err(format!("project {name} has no {service} container")),
+            _ => Err(format!("project {name} has several {service} containers:\n{out}")),
+        }
+    }
+
+    /// Where this process reaches Redis now: the published loopback port.
+    fn controller_addr(&mut self) -> Result<SocketAddr, String> {
+        let redis = self.project()?.redis.clone();
+        let out = docker(&["port", &redis, "6379/tcp"])?;
+        out.lines()
+            .find_map(|l| l.trim().parse::<SocketAddr>().ok().filter(|a| a.ip().is_loopback()))
+            .ok_or_else(|| format!("Redis has no port published on loopback (`docker port` says {out:?})"))
+    }
+
+    /// Waits until Redis answers PING through its published port.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let end = Instant::now() + READY_TIMEOUT;
+        let mut last = String::new();
+        while Instant::now() < end {
+            match self.controller_addr() {
+                Ok(addr) if answers_ping(addr) => return Ok(()),
+                Ok(addr) => last = format!("{addr} does not answer PING"),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let redis = self.project()?.redis.clone();
+        Err(format!("Redis did not answer PING within {READY_TIMEOUT:?} ({last}); its log ends:\n{}", logs(&redis)))
+    }
+
+    /// SIGKILLs a container and waits until docker reports it stopped.
+    fn kill(&self, id: &str) -> Result<(), String> {
+        if let Err(e) = docker(&["kill", id]) {
+            // Already stopped (an app that finished by itself) is fine.
+            if docker(&["inspect", "-f", "{{.State.Running}}", id]).as_deref() != Ok("false") {
+                return Err(e);
+            }
+        }
+        docker(&["wait", id]).map(drop)
+    }
+}
+
+impl Driver for DockerDriver {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn supports(&self, action: Action) -> bool {
+        // No tc/iptables in the images (see the module docs).
+        !matches!(action, Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault)
+    }
+
+    fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
+        self.teardown();
+        self.started += 1;
+        let redis_args = maxmemory
+            .map(|m| format!("--maxmemory {m} --maxmemory-policy noeviction"))
+            .unwrap_or_default();
+        self.project = Some(Project {
+            name: format!("{}x{}", self.prefix, self.started),
+            env: vec![("CHAOS_REDIS_ARGS".into(), redis_args)],
+            redis: String::new(),
+            network: String::new(),
+            paused: false,
+            cut: false,
+            apps: Vec::new(),
+            killed: Vec::new(),
+        });
+        self.compose(&["up", "-d", "--no-deps", "redis"]).map_err(|e| {
+            format!(
+                "{e}\n(without a registry build the images first: chaos-tests/images/build.sh, and set CHAOS_REDIS_IMAGE and CHAOS_APP_IMAGE as chaos-tests/run.sh does)"
+            )
+        })?;
+        let redis = self.container("redis")?;
+        let networks = docker(&[
+            "inspect",
+            "-f",
+            "{{range $name, $net := .NetworkSettings.Networks}}{{$name}}\n{{end}}",
+            &redis,
+        ])?;
+        let network = match networks.lines().map(str::trim).filter(|n| !n.is_empty()).collect::<Vec<_>>()[..] {
+            [one] => one.to_string(),
+            _ => return Err(format!("expected Redis on one network, it is on: {networks:?}")),
+        };
+        let project = self.project()?;
+        project.redis = redis;
+        project.network = network;
+        self.wait_ready()?;
+        Ok(APP_REDIS_URL.into())
+    }
+
+    fn controller_url(&mut self) -> Result<String, String> {
+        Ok(format!("redis://{}/", self.controller_addr()?))
+    }
+
+    fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
+        if plans.len() > APP_SERVICES {
+            return Err(format!("the compose file has {APP_SERVICES} app services, not {}", plans.len()));
+        }
+        if !self.project()?.apps.is_empty() {
+            return Err("the apps of this project are already started".into());
+        }
+        let real_dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut services = Vec::new();
+        for (i, plan) in plans.iter().enumerate() {
+            let rel = under(dir, &plan.out)?;
+            let file = format!("app{i}.json");
+            if rel == Path::new(&file) {
+                return Err(format!("app {i}'s log {} would overwrite its plan", plan.out.display()));
+            }
+            let mut inside = plan.clone();
+            inside.out = Path::new(MOUNT).join(&rel);
+            inside.redis_url = APP_REDIS_URL.into();
+            let json = serde_json::to_string_pretty(&inside).map_err(|e| e.to_string())?;
+            let path = real_dir.join(&file);
+            std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+            services.push(format!("app{i}"));
+        }
+        let project = self.project()?;
+        project.env.retain(|(k, _)| k != "CHAOS_DIR");
+        project.env.push(("CHAOS_DIR".into(), real_dir.to_string_lossy().into_owned()));
+        let mut args = vec!["up", "-d", "--no-deps"];
+        args.extend(services.iter().map(String::as_str));
+        self.compose(&args)?;
+        let apps = services.iter().map(|s| self.container(s)).collect::<Result<Vec<_>, _>>()?;
+        let project = self.project()?;
+        project.killed = vec![false; apps.len()];
+        project.apps = apps;
+        Ok(())
+    }
+
+    fn act(&mut self, action: Action) -> Result<(), String> {
+        let p = self.project()?;
+        let redis = p.redis.clone();
+        match action {
+            Action::KillRedis => {
+                self.kill(&redis)?;
+                self.project()?.paused = false;
+            }
+            Action::StartRedis => {
+                // Kills it first if it still runs (even paused); no persistence,
+                // so it comes back empty, without scripts, on a new host port.
+                docker(&["restart", "-t", "0", &redis])?;
+                self.project()?.paused = false;
+                self.wait_ready()?;
+            }
+            Action::PauseRedis if !p.paused => {
+                docker(&["pause", &redis])?;
+                self.project()?.paused = true;
+            }
+            Action::ResumeRedis if p.paused => {
+                docker(&["unpause", &redis])?;
+                self.project()?.paused = false;
+            }
+            Action::PauseRedis | Action::ResumeRedis => {}
+            Action::CutNetwork if !p.cut => {
+                let network = p.network.clone();
+                docker(&["network", "disconnect", &network, &redis])?;
+                self.project()?.cut = true;
+            }
+            Action::RestoreNetwork if p.cut => {
+                let network = p.network.clone();
+                docker(&["network", "connect", "--alias", "redis", &network, &redis])?;
+                self.project()?.cut = false;
+            }
+            Action::CutNetwork | Action::RestoreNetwork => {}
+            Action::KillApp(i) => {
+                let id = p.apps.get(i).cloned().ok_or_else(|| format!("no app {i}"))?;
+                self.kill(&id).map_err(|e| format!("killing app {i}: {e}"))?;
+                self.project()?.killed[i] = true;
+            }
+            Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault => {
+                return Err(format!("the docker driver cannot do {action:?}: the images have no tc or iptables"));
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_apps(&mut self) -> Result<(), String> {
+        let p = self.project()?;
+        let apps = p.apps.clone();
+        for (i, id) in apps.iter().enumerate() {
+            let code = docker(&["wait", id])?;
+            // A killed app exits by SIGKILL (137); that is the scenario, not a failure.
+            if code != "0" && !self.project()?.killed[i] {
+                return Err(format!("app {i} exited with status {code}; its output ends:\n{}", logs(id)));
+            }
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self) {
+        let Some(project) = self.project.as_ref() else { return };
+        let name = project.name.clone();
+        if let Err(e) = self.compose(&["down", "-v", "--remove-orphans", "-t", "1"]) {
+            eprintln!("docker driver: {e}");
+        }
+        // Whatever `down` left (it failed, or a container was being created
+        // meanwhile): remove it by the project label.
+        let label = format!("label={PROJECT_LABEL}={name}");
+        if let Ok(ids) = docker(&["ps", "-a", "-q", "--filter", &label]) {
+            for id in ids.lines().filter(|l| !l.is_empty()) {
+                if let Err(e) = docker(&["rm", "-f", "-v", id]) {
+                    eprintln!("docker driver: {e}");
+                }
+            }
+        }
+        if let Ok(ids) = docker(&["network", "ls", "-q", "--filter", &label]) {
+            for id in ids.lines().filter(|l| !l.is_empty()) {
+                if let Err(e) = docker(&["network", "rm", id]) {
+                    eprintln!("docker driver: {e}");
+                }
+            }
+        }
+        self.project = None;
+    }
+}
+
+impl Drop for DockerDriver {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}

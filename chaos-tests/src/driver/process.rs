@@ -1,0 +1,131 @@
+//! The process driver: `redis-server` child processes on loopback, signals, the
+//! in-repo fault proxy between the apps and Redis, and apps as child processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tierlimit_test::{Fault, FaultProxy, RedisServer};
+
+use super::{Action, Driver};
+use crate::plan::AppPlan;
+
+/// Runs everything as processes on this machine.
+#[derive(Debug)]
+pub struct ProcessDriver {
+    app_bin: PathBuf,
+    runtime: tokio::runtime::Runtime,
+    redis: Option<RedisServer>,
+    proxy: Option<FaultProxy>,
+    apps: Vec<Child>,
+}
+
+impl ProcessDriver {
+    /// A driver that starts apps from the `chaos-app` binary at `app_bin`.
+    pub fn new(app_bin: PathBuf) -> Result<Self, String> {
+        if !app_bin.exists() {
+            return Err(format!("chaos-app binary not found at {}: build it with `cargo build -p chaos-tests`", app_bin.display()));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        Ok(ProcessDriver {
+            app_bin,
+            runtime,
+            redis: None,
+            proxy: None,
+            apps: Vec::new(),
+        })
+    }
+
+    fn redis(&mut self) -> Result<&mut RedisServer, String> {
+        self.redis.as_mut().ok_or_else(|| "Redis is not started".to_string())
+    }
+
+    fn proxy(&self) -> Result<&FaultProxy, String> {
+        self.proxy.as_ref().ok_or_else(|| "the fault proxy is not started".to_string())
+    }
+}
+
+impl Driver for ProcessDriver {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    fn supports(&self, _: Action) -> bool {
+        true
+    }
+
+    fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
+        let mem = maxmemory.map(|m| m.to_string());
+        let args: Vec<&str> = match &mem {
+            Some(m) => vec!["--maxmemory", m, "--maxmemory-policy", "noeviction"],
+            None => vec![],
+        };
+        let server = RedisServer::start_with(&args);
+        let proxy = self.runtime.block_on(FaultProxy::start(server.addr()));
+        let url = proxy.url();
+        self.redis = Some(server);
+        self.proxy = Some(proxy);
+        Ok(url)
+    }
+
+    fn controller_url(&mut self) -> Result<String, String> {
+        Ok(self.redis()?.url())
+    }
+
+    fn start_apps(&mut self, _dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
+        for plan in plans {
+            let plan_path = plan.out.with_extension("json");
+            let json = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
+            std::fs::write(&plan_path, json).map_err(|e| format!("{}: {e}", plan_path.display()))?;
+            let child = Command::new(&self.app_bin)
+                .arg(&plan_path)
+                .spawn()
+                .map_err(|e| format!("starting {}: {e}", self.app_bin.display()))?;
+            self.apps.push(child);
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, action: Action) -> Result<(), String> {
+        match action {
+            Action::KillRedis => self.redis()?.kill9(),
+            Action::StartRedis => self.redis()?.restart(),
+            Action::PauseRedis => self.redis()?.pause(),
+            Action::ResumeRedis => self.redis()?.resume(),
+            Action::CutNetwork => self.proxy()?.set(Fault::Blackhole),
+            Action::ResetConnections => self.proxy()?.set(Fault::Reset),
+            Action::Latency(ms) => self.proxy()?.set(Fault::Latency(Duration::from_millis(ms))),
+            Action::RestoreNetwork | Action::ClearNetworkFault => self.proxy()?.set(Fault::None),
+            Action::KillApp(i) => {
+                let app = self.apps.get_mut(i).ok_or_else(|| format!("no app {i}"))?;
+                app.kill().map_err(|e| format!("killing app {i}: {e}"))?;
+                let _ = app.wait();
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_apps(&mut self) -> Result<(), String> {
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            let status = app.wait().map_err(|e| format!("waiting for app {i}: {e}"))?;
+            // A killed app exits by signal; that is the scenario, not a failure.
+            if let Some(code) = status.code().filter(|c| *c != 0) {
+                return Err(format!("app {i} exited with status {code}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self) {
+        for app in &mut self.apps {
+            let _ = app.kill();
+            let _ = app.wait();
+        }
+        self.apps.clear();
+        self.proxy = None;
+        self.redis = None;
+    }
+}

@@ -1,0 +1,22 @@
+//! The chaos suite of tierlimit: fault scenarios run during steady load from
+//! several limiter instances sharing one Redis, judged against the bounds the
+//! hybrid limiter promises, with a report a person can read.
+//!
+//! * [`scenario`]: what is done to Redis or to an app, and when (written once).
+//! * [`driver`]: where Redis and the apps run and how faults are made: the
+//!   [`ProcessDriver`](driver::ProcessDriver) (processes, signals, the fault
+//!   proxy) and the [`DockerDriver`](driver::DockerDriver) (containers,
+//!   `docker kill`/`pause`/`network disconnect`).
+//! * [`app`]: one app instance (`chaos-app`): a `HybridLimiter` under load,
+//!   logging every decision.
+//! * [`run`] runs a scenario, [`analyze`] judges it, [`report`] writes JSON,
+//!   Markdown and an SVG chart.
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+pub mod analyze;
+pub mod app;
+pub mod driver;
+pub mod plan;
+pub mod report;
+pub mod run;
+pub mod scenario;

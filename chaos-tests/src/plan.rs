@@ -1,0 +1,108 @@
+//! What an app instance is told to do, what it writes, and the rule sets all
+//! sides agree on.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tierlimit::{Algorithm, Policy, Rule, RuleSet, Tier};
+
+/// The global limit of the local-fallback stream's binding rule, per key per
+/// second (a fixed window, so "per window" is exact).
+pub const WINDOW_LIMIT: u64 = 40;
+
+/// The streams of every app: one rule set per policy.
+pub const STREAMS: [&str; 3] = ["fail-open", "fail-closed", "local-fallback"];
+
+/// One app instance's orders, written by the controller as JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppPlan {
+    /// Index of this app (0-based).
+    pub app: usize,
+    /// Redis as this app reaches it.
+    pub redis_url: String,
+    /// Wall-clock start of the load, ms since the Unix epoch (all apps alike).
+    pub start_unix_ms: u64,
+    /// How long the load runs, ms.
+    pub run_ms: u64,
+    /// After the load, how long the app waits at most for its breaker to close
+    /// and its ledger to drain before writing its final line, ms.
+    pub drain_ms: u64,
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// Pause between one task's checks, ms.
+    pub pace_ms: u64,
+    /// Keys per stream.
+    pub keys: usize,
+    /// The deadline every Redis call gets, ms.
+    pub deadline_ms: u64,
+    /// The UTC offset of the natural-day rule, chosen so the run sits mid-day.
+    pub day_offset_s: i64,
+    /// Where to write the decision log.
+    pub out: PathBuf,
+    /// A deliberately broken limiter: every Redis call waits up to 60 s
+    /// instead of the deadline, so the suite can show it catches that.
+    #[serde(default)]
+    pub sabotage_no_deadline: bool,
+}
+
+impl AppPlan {
+    /// The deadline.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
+}
+
+/// The three rule sets, by stream index. The local-fallback one binds at
+/// [`WINDOW_LIMIT`] per second and counts every unit in a natural-day window
+/// (reconciled after an outage: the controller reads it back).
+pub fn rule_sets(day_offset_s: i64) -> tierlimit::Result<[RuleSet; 3]> {
+    let roomy = || Rule::per_second(100_000);
+    Ok([
+        RuleSet::new("chaos-open", [roomy()?])?.with_policy(Policy::FailOpen),
+        RuleSet::new("chaos-closed", [roomy()?])?.with_policy(Policy::FailClosed),
+        RuleSet::new(
+            "chaos-local",
+            [
+                Rule::with_period(WINDOW_LIMIT, Duration::from_secs(1))?.with_algorithm(Algorithm::FixedWindow)?,
+                Rule::per_natural_day(100_000_000, day_offset_s)?,
+            ],
+        )?
+        .with_policy(Policy::LocalFallback),
+    ])
+}
+
+/// The key names of a stream.
+pub fn key(stream: usize, index: usize) -> String {
+    format!("s{stream}-k{index}")
+}
+
+/// A UTC offset that puts `unix_s` in the middle of a natural day.
+pub fn mid_day_offset(unix_s: u64) -> i64 {
+    let into = (unix_s % 86_400) as i64;
+    (43_200 - into) % 86_400
+}
+
+/// One-letter codes of tiers in the decision log.
+pub fn tier_code(tier: Tier) -> char {
+    match tier {
+        Tier::Redis => 'R',
+        Tier::Local => 'L',
+        Tier::DenyCache => 'D',
+        Tier::FailOpen => 'O',
+        Tier::FailClosed => 'C',
+        _ => '?',
+    }
+}
+
+/// The tier of a one-letter code.
+pub fn tier_of(code: char) -> Option<Tier> {
+    Some(match code {
+        'R' => Tier::Redis,
+        'L' => Tier::Local,
+        'D' => Tier::DenyCache,
+        'O' => Tier::FailOpen,
+        'C' => Tier::FailClosed,
+        _ => return None,
+    })
+}

@@ -1,0 +1,286 @@
+//! Runs one scenario with a driver: start Redis and the apps, make the fault on
+//! time, heal it, collect the logs and read Redis back.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tierlimit_core::escape_key;
+
+use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
+use crate::driver::{Action, Driver};
+use crate::plan::{AppPlan, key, mid_day_offset, rule_sets};
+use crate::scenario::Scenario;
+
+/// How a suite runs.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Shorter phases.
+    pub quick: bool,
+    /// App instances.
+    pub apps: usize,
+    /// The deadline, ms.
+    pub deadline_ms: u64,
+    /// Where run directories (logs, plans) go.
+    pub work_dir: PathBuf,
+    /// Time between starting the apps and the load, ms (containers need more).
+    pub lead_ms: u64,
+    /// Build the apps with a broken limiter (no deadline) to show the suite catches it.
+    pub sabotage_no_deadline: bool,
+}
+
+impl RunConfig {
+    /// Warm-up, fault and after-fault phases, ms.
+    pub fn phases(&self) -> (u64, u64, u64) {
+        if self.quick { (1_500, 2_500, 2_000) } else { (3_000, 5_000, 3_000) }
+    }
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+fn sleep_until(start_us: u64, at_us: u64) {
+    let now = unix_us();
+    if start_us + at_us > now {
+        std::thread::sleep(Duration::from_micros(start_us + at_us - now));
+    }
+}
+
+/// Follows an app's log as it grows, reading only what is new (the apps share
+/// the CPU with this process: re-reading whole logs would slow them).
+#[derive(Debug)]
+struct Tail {
+    path: PathBuf,
+    offset: u64,
+    partial: String,
+    admitted: u64,
+    denied: u64,
+    /// (t, state) of every breaker line seen.
+    states: Vec<(u64, String)>,
+}
+
+impl Tail {
+    fn new(path: PathBuf) -> Self {
+        Tail { path, offset: 0, partial: String::new(), admitted: 0, denied: 0, states: Vec::new() }
+    }
+
+    fn poll(&mut self) {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else { return };
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut new = String::new();
+        let Ok(n) = f.read_to_string(&mut new) else { return };
+        self.offset += n as u64;
+        self.partial.push_str(&new);
+        let complete = self.partial.rfind('\n').map_or(0, |i| i + 1);
+        let lines: String = self.partial.drain(..complete).collect();
+        for line in lines.lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            match f.first().copied() {
+                Some("d") if f.get(5) == Some(&"1") => self.admitted += 1,
+                Some("d") => self.denied += 1,
+                Some("s") if f.len() == 4 => self.states.push((f[1].parse().unwrap_or(0), f[2].to_string())),
+                _ => {}
+            }
+        }
+    }
+
+    fn closed_since(&self, t: u64) -> bool {
+        self.states.iter().any(|(at, s)| *at >= t && s == "closed")
+    }
+}
+
+/// Keeps Redis full until stopped: fills until even a tiny write answers
+/// `-OOM`, then keeps topping up what expiring keys free, so the apps' writes
+/// keep failing for the whole fault.
+fn fill_memory(url: &str, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
+    let mut conn = redis::Client::open(url).and_then(|c| c.get_connection()).map_err(|e| e.to_string())?;
+    let mut i = 0u64;
+    let mut fill = move |sizes: &[usize]| -> Result<(), String> {
+        for &size in sizes {
+            let blob = "x".repeat(size);
+            loop {
+                i += 1;
+                match redis::cmd("SET").arg(format!("filler:{i}")).arg(&blob).query::<()>(&mut conn) {
+                    Ok(()) => {}
+                    Err(e) if e.code() == Some("OOM") => break,
+                    Err(e) => return Err(format!("filling memory: {e}")),
+                }
+            }
+        }
+        Ok(())
+    };
+    fill(&[64 * 1024, 4 * 1024, 256, 16])?;
+    Ok(std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            fill(&[256, 16])?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }))
+}
+
+/// Deletes the filler keys (the apps' keys stay).
+fn free_memory(url: &str) -> Result<(), String> {
+    let mut conn = redis::Client::open(url).and_then(|c| c.get_connection()).map_err(|e| e.to_string())?;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("filler:*").query(&mut conn).map_err(|e| e.to_string())?;
+    for chunk in keys.chunks(500) {
+        redis::cmd("DEL").arg(chunk).query::<()>(&mut conn).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Runs one scenario; `progress` gets a line about once a second.
+pub fn run_scenario(
+    driver: &mut dyn Driver,
+    sc: &Scenario,
+    cfg: &RunConfig,
+    progress: &mut dyn FnMut(String),
+) -> Result<ScenarioResult, String> {
+    let result = run_inner(driver, sc, cfg, progress);
+    driver.teardown();
+    result
+}
+
+fn run_inner(
+    driver: &mut dyn Driver,
+    sc: &Scenario,
+    cfg: &RunConfig,
+    progress: &mut dyn FnMut(String),
+) -> Result<ScenarioResult, String> {
+    let dir = cfg.work_dir.join(sc.name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (warm, fault_ms, after) = cfg.phases();
+    let redis_url = driver.start_redis(sc.oom)?;
+    let start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
+    let day_offset_s = mid_day_offset(start_unix_ms / 1_000);
+    let plans: Vec<AppPlan> = (0..cfg.apps)
+        .map(|app| AppPlan {
+            app,
+            redis_url: redis_url.clone(),
+            start_unix_ms,
+            run_ms: warm + fault_ms + after,
+            drain_ms: 10_000,
+            tasks: 4,
+            pace_ms: 5,
+            keys: sc.keys,
+            deadline_ms: cfg.deadline_ms,
+            day_offset_s,
+            out: dir.join(format!("app{app}.log")),
+            sabotage_no_deadline: cfg.sabotage_no_deadline,
+        })
+        .collect();
+    driver.start_apps(&dir, &plans)?;
+    let start_us = start_unix_ms * 1_000;
+    let began = Instant::now();
+    let mut tails: Vec<Tail> = plans.iter().map(|p| Tail::new(p.out.clone())).collect();
+    let mut tell = |phase: &str| {
+        let (mut a, mut d) = (0, 0);
+        for t in &mut tails {
+            t.poll();
+            a += t.admitted;
+            d += t.denied;
+        }
+        progress(format!("  {:>5.1}s {phase:<10} admitted {a:>6} denied {d:>6}", began.elapsed().as_secs_f64()));
+    };
+
+    // Warm-up.
+    let mut t = 0;
+    while t + 1_000 < warm {
+        t += 1_000;
+        sleep_until(start_us, t * 1_000);
+        tell("warm-up");
+    }
+    sleep_until(start_us, warm * 1_000);
+    let fault_at = unix_us() - start_us;
+    let mut killed = Vec::new();
+    let mut data_lost_at = sc.loses_data.then_some(fault_at);
+    let stop_filling = Arc::new(AtomicBool::new(false));
+    let filler = match sc.oom {
+        Some(_) => Some(fill_memory(&driver.controller_url()?, stop_filling.clone())?),
+        None => None,
+    };
+    let mut steps = sc.fault.clone();
+    steps.sort_by_key(|(at, _)| *at);
+    let mut next_tick = warm + 1_000;
+    for (at, action) in steps {
+        while next_tick < warm + at {
+            sleep_until(start_us, next_tick * 1_000);
+            tell("fault");
+            next_tick += 1_000;
+        }
+        sleep_until(start_us, (warm + at) * 1_000);
+        driver.act(action)?;
+        if let Action::KillApp(i) = action {
+            killed.push((i, unix_us() - start_us));
+        }
+    }
+    while next_tick < warm + fault_ms {
+        sleep_until(start_us, next_tick * 1_000);
+        tell("fault");
+        next_tick += 1_000;
+    }
+    sleep_until(start_us, (warm + fault_ms) * 1_000);
+    for action in &sc.heal {
+        driver.act(*action)?;
+    }
+    if let Some(filler) = filler {
+        stop_filling.store(true, Ordering::Relaxed);
+        filler.join().map_err(|_| "the memory filler panicked".to_string())??;
+        free_memory(&driver.controller_url()?)?;
+    }
+    let healed_at = unix_us() - start_us;
+    if sc.loses_data && data_lost_at.is_none() {
+        data_lost_at = Some(fault_at);
+    }
+    if let Some(app) = sc.kill_app_after_close {
+        // Kill it once its log shows the breaker closed again: mid-drain.
+        let mut tail = Tail::new(dir.join(format!("app{app}.log")));
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end && !{
+            tail.poll();
+            tail.closed_since(healed_at)
+        } {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        driver.act(Action::KillApp(app))?;
+        killed.push((app, unix_us() - start_us));
+    }
+    while next_tick < warm + fault_ms + after {
+        sleep_until(start_us, next_tick * 1_000);
+        tell("recovery");
+        next_tick += 1_000;
+    }
+    driver.wait_apps()?;
+    tell("done");
+
+    // Read back the natural-day counter of every local-fallback key.
+    let set = &rule_sets(day_offset_s).map_err(|e| e.to_string())?[2];
+    let mut conn = redis::Client::open(driver.controller_url()?)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("reading Redis back: {e}"))?;
+    let mut redis_counts = HashMap::new();
+    for k in 0..sc.keys {
+        let storage = set.storage_key(&escape_key(&key(2, k)), 1);
+        let c: Option<u64> = redis::cmd("HGET").arg(&storage).arg("c").query(&mut conn).map_err(|e| e.to_string())?;
+        redis_counts.insert(k, c.unwrap_or(0));
+    }
+    let logs: Vec<AppLog> = (0..cfg.apps).map(|i| AppLog::read(&dir.join(format!("app{i}.log")))).collect();
+    let ctx = Context {
+        in_flight: plans.first().map_or(0, |p| p.tasks as u64),
+        scenario: sc,
+        driver: driver.name(),
+        deadline_ms: cfg.deadline_ms,
+        max_cool_down_ms: crate::app::breaker().max_cool_down.as_millis() as u64,
+        keys: sc.keys,
+        timeline: Timeline { fault_at, healed_at, data_lost_at, killed, start_unix_us: start_us },
+        redis_counts,
+    };
+    Ok(judge(&ctx, &logs))
+}
