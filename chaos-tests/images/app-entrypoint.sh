@@ -10,7 +10,8 @@
 # Plain POSIX sh: the local image's /bin/sh is dash.
 set -eu
 
-if command -v chaos-app >/dev/null 2>&1 && [ "${1:-}" != --build-only ]; then
+if command -v chaos-app >/dev/null 2>&1; then
+    [ "${1:-}" = --build-only ] && exit 0
     exec chaos-app "$@"
 fi
 

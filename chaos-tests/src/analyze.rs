@@ -48,14 +48,35 @@ impl AppLog {
             let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
             match f.first().copied() {
                 Some("d") if f.len() == 7 => {
-                    if let (Some(t), Some(lat), Some(stream), Some(tier), Some(allowed), Some(key)) =
-                        (n(1), n(2), n(3), f[4].chars().next().and_then(tier_of), n(5), n(6))
-                    {
-                        log.decisions.push(Decision { t, lat, stream: stream as usize, tier, allowed: allowed == 1, key: key as usize });
+                    if let (
+                        Some(t),
+                        Some(lat),
+                        Some(stream),
+                        Some(tier),
+                        Some(allowed),
+                        Some(key),
+                    ) = (
+                        n(1),
+                        n(2),
+                        n(3),
+                        f[4].chars().next().and_then(tier_of),
+                        n(5),
+                        n(6),
+                    ) {
+                        log.decisions.push(Decision {
+                            t,
+                            lat,
+                            stream: stream as usize,
+                            tier,
+                            allowed: allowed == 1,
+                            key: key as usize,
+                        });
                     }
                 }
                 Some("e") if f.len() >= 5 => log.errors.push((n(1).unwrap_or(0), f[4..].join(","))),
-                Some("s") if f.len() == 4 => log.states.push((n(1).unwrap_or(0), f[2].to_string(), n(3))),
+                Some("s") if f.len() == 4 => {
+                    log.states.push((n(1).unwrap_or(0), f[2].to_string(), n(3)))
+                }
                 Some("f") if f.len() == 7 => {
                     let mut v = [0; 6];
                     for (i, slot) in v.iter_mut().enumerate() {
@@ -71,18 +92,29 @@ impl AppLog {
 
     /// The breaker state at `t` (µs), from the log.
     pub fn state_at(&self, t: u64) -> &str {
-        self.states.iter().take_while(|(at, _, _)| *at <= t).last().map_or("closed", |(_, s, _)| s.as_str())
+        self.states
+            .iter()
+            .take_while(|(at, _, _)| *at <= t)
+            .last()
+            .map_or("closed", |(_, s, _)| s.as_str())
     }
 
     /// True when the breaker was not closed over all of `[t - margin, t + margin]`.
     pub fn open_around(&self, t: u64, margin: u64) -> bool {
         let from = t.saturating_sub(margin);
-        self.state_at(from) != "closed" && !self.states.iter().any(|(at, _, _)| *at > from && *at <= t + margin)
+        self.state_at(from) != "closed"
+            && !self
+                .states
+                .iter()
+                .any(|(at, _, _)| *at > from && *at <= t + margin)
     }
 
     /// The first time at or after `from` the breaker entered `state`.
     pub fn first(&self, state: &str, from: u64) -> Option<u64> {
-        self.states.iter().find(|(at, s, _)| *at >= from && s == state).map(|(at, _, _)| *at)
+        self.states
+            .iter()
+            .find(|(at, s, _)| *at >= from && s == state)
+            .map(|(at, _, _)| *at)
     }
 }
 
@@ -165,11 +197,19 @@ impl ScenarioResult {
 }
 
 fn check(bound: impl Into<String>, ok: bool, measured: impl Into<String>) -> Check {
-    Check { bound: bound.into(), verdict: if ok { "PASS" } else { "FAIL" }, measured: measured.into() }
+    Check {
+        bound: bound.into(),
+        verdict: if ok { "PASS" } else { "FAIL" },
+        measured: measured.into(),
+    }
 }
 
 fn na(bound: impl Into<String>, why: impl Into<String>) -> Check {
-    Check { bound: bound.into(), verdict: "N/A", measured: why.into() }
+    Check {
+        bound: bound.into(),
+        verdict: "N/A",
+        measured: why.into(),
+    }
 }
 
 fn p99(mut v: Vec<u64>) -> u64 {
@@ -210,48 +250,83 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     let deadline_us = ctx.deadline_ms * 1_000;
     let margin = 5_000;
     let mut checks = Vec::new();
-    let all: Vec<(usize, &Decision)> = logs.iter().enumerate().flat_map(|(a, l)| l.decisions.iter().map(move |d| (a, d))).collect();
+    let all: Vec<(usize, &Decision)> = logs
+        .iter()
+        .enumerate()
+        .flat_map(|(a, l)| l.decisions.iter().map(move |d| (a, d)))
+        .collect();
 
     // Latency and errors.
     let max_lat = all.iter().map(|(_, d)| d.lat).max().unwrap_or(0);
     let bound = deadline_us + 15_000;
     checks.push(check(
-        format!("every decision within deadline + 15 ms = {} ms", bound / 1_000),
+        format!(
+            "every decision within deadline + 15 ms = {} ms",
+            bound / 1_000
+        ),
         max_lat <= bound,
-        format!("max {:.1} ms over {} decisions", max_lat as f64 / 1e3, all.len()),
+        format!(
+            "max {:.1} ms over {} decisions",
+            max_lat as f64 / 1e3,
+            all.len()
+        ),
     ));
     let errors: usize = logs.iter().map(|l| l.errors.len()).sum();
-    checks.push(check("no check returns an error", errors == 0, format!("{errors} errors")));
+    checks.push(check(
+        "no check returns an error",
+        errors == 0,
+        format!("{errors} errors"),
+    ));
 
     // Per policy rows; fail-open / fail-closed while Open.
     let mut policies = Vec::new();
     let outage_s = (tl.healed_at.saturating_sub(tl.fault_at)) as f64 / 1e6;
     for (stream, name) in STREAMS.iter().enumerate() {
-        let mut row = PolicyRow { policy: name.to_string(), ..PolicyRow::default() };
-        let mine: Vec<&(usize, &Decision)> = all.iter().filter(|(_, d)| d.stream == stream).collect();
+        let mut row = PolicyRow {
+            policy: name.to_string(),
+            ..PolicyRow::default()
+        };
+        let mine: Vec<&(usize, &Decision)> =
+            all.iter().filter(|(_, d)| d.stream == stream).collect();
         for (_, d) in &mine {
-            let map = if d.allowed { &mut row.admitted } else { &mut row.denied };
+            let map = if d.allowed {
+                &mut row.admitted
+            } else {
+                &mut row.denied
+            };
             *map.entry(d.tier.as_str().to_string()).or_default() += 1;
         }
         let lats: Vec<u64> = mine.iter().map(|(_, d)| d.lat).collect();
         row.max_latency_ms = lats.iter().copied().max().unwrap_or(0) as f64 / 1e3;
         row.p99_latency_ms = p99(lats) as f64 / 1e3;
-        let while_open: Vec<&&(usize, &Decision)> = mine.iter().filter(|(a, d)| logs[*a].open_around(d.t, margin)).collect();
+        let while_open: Vec<&&(usize, &Decision)> = mine
+            .iter()
+            .filter(|(a, d)| logs[*a].open_around(d.t, margin))
+            .collect();
         match stream {
             0 if !while_open.is_empty() => {
                 let denied = while_open.iter().filter(|(_, d)| !d.allowed).count();
-                checks.push(check("fail-open admits everything while Open", denied == 0, format!("{denied} of {} denied", while_open.len())));
+                checks.push(check(
+                    "fail-open admits everything while Open",
+                    denied == 0,
+                    format!("{denied} of {} denied", while_open.len()),
+                ));
             }
             1 if !while_open.is_empty() => {
                 let admitted = while_open.iter().filter(|(_, d)| d.allowed).count();
-                checks.push(check("fail-closed admits nothing while Open", admitted == 0, format!("{admitted} of {} admitted", while_open.len())));
+                checks.push(check(
+                    "fail-closed admits nothing while Open",
+                    admitted == 0,
+                    format!("{admitted} of {} admitted", while_open.len()),
+                ));
             }
             2 if outage_s > 0.0 && sc.outage => {
                 let admitted = while_open
                     .iter()
                     .filter(|(_, d)| d.allowed && d.t >= tl.fault_at && d.t < tl.healed_at)
                     .count() as f64;
-                row.outage_ratio = Some(admitted / (WINDOW_LIMIT as f64 * ctx.keys as f64 * outage_s));
+                row.outage_ratio =
+                    Some(admitted / (WINDOW_LIMIT as f64 * ctx.keys as f64 * outage_s));
             }
             _ => {}
         }
@@ -273,12 +348,30 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             *e = *e && open;
         }
         // Every decision of such a window was local and made while Open.
-        let full: Vec<u64> = windows_ok.iter().filter(|(_, ok)| **ok).map(|(w, _)| *w).collect();
+        let full: Vec<u64> = windows_ok
+            .iter()
+            .filter(|(_, ok)| **ok)
+            .map(|(w, _)| *w)
+            .collect();
         let apps = logs.len() as u64;
-        let worst = per.iter().filter(|((_, w), _)| full.contains(w)).map(|(_, n)| *n).max();
-        let bound = format!("local fallback: at most limit + instances = {} per key per window across the apps", WINDOW_LIMIT + apps);
+        let worst = per
+            .iter()
+            .filter(|((_, w), _)| full.contains(w))
+            .map(|(_, n)| *n)
+            .max();
+        let bound = format!(
+            "local fallback: at most limit + instances = {} per key per window across the apps",
+            WINDOW_LIMIT + apps
+        );
         match worst {
-            Some(n) => checks.push(check(bound, n <= WINDOW_LIMIT + apps, format!("worst window {n} (a naive fallback could admit {})", WINDOW_LIMIT * apps))),
+            Some(n) => checks.push(check(
+                bound,
+                n <= WINDOW_LIMIT + apps,
+                format!(
+                    "worst window {n} (a naive fallback could admit {})",
+                    WINDOW_LIMIT * apps
+                ),
+            )),
             None => checks.push(na(bound, "no whole window inside the outage")),
         }
     }
@@ -297,10 +390,18 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                     let trip = t - tl.fault_at;
                     trip_ms = Some(trip_ms.unwrap_or(0.0).max(trip as f64 / 1e3));
                     if trip > trip_bound {
-                        checks.push(check(format!("app {a} trips within {} ms", trip_bound / 1_000), false, format!("{:.1} ms", trip as f64 / 1e3)));
+                        checks.push(check(
+                            format!("app {a} trips within {} ms", trip_bound / 1_000),
+                            false,
+                            format!("{:.1} ms", trip as f64 / 1e3),
+                        ));
                     }
                 }
-                None => checks.push(check(format!("app {a} trips within {} ms", trip_bound / 1_000), false, "never tripped")),
+                None => checks.push(check(
+                    format!("app {a} trips within {} ms", trip_bound / 1_000),
+                    false,
+                    "never tripped",
+                )),
             }
             if killed_at.is_some() {
                 continue;
@@ -321,19 +422,40 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             } + 100_000;
             match log.first("closed", tl.healed_at.saturating_sub(1)) {
                 Some(t) => {
-                    recover_ms = Some(recover_ms.unwrap_or(0.0).max(t.saturating_sub(tl.healed_at) as f64 / 1e3));
+                    recover_ms = Some(
+                        recover_ms
+                            .unwrap_or(0.0)
+                            .max(t.saturating_sub(tl.healed_at) as f64 / 1e3),
+                    );
                     if t > limit {
-                        checks.push(check(format!("app {a} closes within its cool-down + one probe"), false, format!("closed {:.1} ms after Redis returned, bound {:.1} ms", (t - tl.healed_at) as f64 / 1e3, (limit - tl.healed_at) as f64 / 1e3)));
+                        checks.push(check(
+                            format!("app {a} closes within its cool-down + one probe"),
+                            false,
+                            format!(
+                                "closed {:.1} ms after Redis returned, bound {:.1} ms",
+                                (t - tl.healed_at) as f64 / 1e3,
+                                (limit - tl.healed_at) as f64 / 1e3
+                            ),
+                        ));
                     }
                 }
                 None if state == "closed" => {}
-                None => checks.push(check(format!("app {a} closes after Redis returns"), false, "never closed")),
+                None => checks.push(check(
+                    format!("app {a} closes after Redis returns"),
+                    false,
+                    "never closed",
+                )),
             }
         }
         if let (Some(t), Some(r)) = (trip_ms, recover_ms) {
             checks.push(check(
-                format!("every app trips within {} ms and recovers within cool-down + one probe", trip_bound / 1_000),
-                !checks.iter().any(|c| c.bound.starts_with("app ") && c.verdict == "FAIL"),
+                format!(
+                    "every app trips within {} ms and recovers within cool-down + one probe",
+                    trip_bound / 1_000
+                ),
+                !checks
+                    .iter()
+                    .any(|c| c.bound.starts_with("app ") && c.verdict == "FAIL"),
                 format!("slowest trip {t:.1} ms, slowest recovery {r:.1} ms"),
             ));
         }
@@ -341,7 +463,11 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
 
     // Reconciliation: Redis holds every unit admitted for the natural-day rule.
     let reconciled: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[0]).sum();
-    let dropped: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[1] + f[2]).sum();
+    let dropped: u64 = logs
+        .iter()
+        .filter_map(|l| l.last)
+        .map(|f| f[1] + f[2])
+        .sum();
     let pending: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[3]).sum();
     {
         let mut worst = String::new();
@@ -355,7 +481,9 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                 if d.tier != Tier::Redis && d.lat + 1_000 >= deadline_us {
                     unknown += 1;
                 }
-                if !d.allowed || (d.tier == Tier::Redis && tl.data_lost_at.is_some_and(|lost| d.t < lost)) {
+                if !d.allowed
+                    || (d.tier == Tier::Redis && tl.data_lost_at.is_some_and(|lost| d.t < lost))
+                {
                     continue;
                 }
                 let killed = tl.killed.iter().any(|(k, _)| k == a);
@@ -371,15 +499,28 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             let (lo, hi) = (sure, sure + at_risk + unknown);
             if got < lo || got > hi {
                 ok = false;
-                worst = format!("key {key}: Redis holds {got}, expected {sure} (+ up to {at_risk} from killed apps, + up to {unknown} of unknown outcome)");
+                worst = format!(
+                    "key {key}: Redis holds {got}, expected {sure} (+ up to {at_risk} from killed apps, + up to {unknown} of unknown outcome)"
+                );
                 break;
             }
         }
-        let lost_note = if tl.killed.is_empty() { String::new() } else { "; a killed app's undrained ledger dies with it".into() };
+        let lost_note = if tl.killed.is_empty() {
+            String::new()
+        } else {
+            "; a killed app's undrained ledger dies with it".into()
+        };
         checks.push(check(
             "after recovery Redis holds every unit admitted (live windows), none twice",
             ok && pending == 0,
-            if ok { format!("{} keys exact, {reconciled} units reconciled, {pending} pending{lost_note}", ctx.keys) } else { worst },
+            if ok {
+                format!(
+                    "{} keys exact, {reconciled} units reconciled, {pending} pending{lost_note}",
+                    ctx.keys
+                )
+            } else {
+                worst
+            },
         ));
     }
 
@@ -388,7 +529,10 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     for (_, d) in &all {
         *buckets.entry((d.t / 250_000, d.tier.as_str())).or_default() += 1;
     }
-    let series = buckets.into_iter().map(|((b, tier), n)| (b as f64 * 0.25, tier.to_string(), n * 4)).collect();
+    let series = buckets
+        .into_iter()
+        .map(|((b, tier), n)| (b as f64 * 0.25, tier.to_string(), n * 4))
+        .collect();
 
     ScenarioResult {
         scenario: sc.name.to_string(),

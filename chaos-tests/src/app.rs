@@ -44,7 +44,11 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Arc::new(
         HybridLimiter::builder()
             .redis_url(plan.redis_url.clone())
-            .deadline(if plan.sabotage_no_deadline { Duration::from_secs(60) } else { plan.deadline() })
+            .deadline(if plan.sabotage_no_deadline {
+                Duration::from_secs(60)
+            } else {
+                plan.deadline()
+            })
             .breaker(breaker())
             .instances(Instances::Learned { initial: 1 })
             .heartbeat_every(Duration::from_millis(200))
@@ -85,7 +89,9 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     let due = limiter
                         .breaker()
                         .time_until_probe()
-                        .map_or("-".to_string(), |d| (rel() + d.as_micros() as u64).to_string());
+                        .map_or("-".to_string(), |d| {
+                            (rel() + d.as_micros() as u64).to_string()
+                        });
                     let _ = tx.send(format!("s,{},{},{}", rel(), state.as_str(), due));
                     last = Some(seen);
                 }
@@ -97,7 +103,8 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
     let end = Instant::now() + Duration::from_millis(plan.run_ms);
     let tasks: Vec<_> = (0..plan.tasks)
         .map(|t| {
-            let (limiter, sets, tx, plan) = (limiter.clone(), sets.clone(), tx.clone(), plan.clone());
+            let (limiter, sets, tx, plan) =
+                (limiter.clone(), sets.clone(), tx.clone(), plan.clone());
             tokio::spawn(async move {
                 let mut i = t;
                 while Instant::now() < end {
@@ -108,8 +115,14 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     let result = limiter.check(&key(stream, k), &sets[stream], 1).await;
                     let lat = begun.elapsed().as_micros();
                     let line = match result {
-                        Ok(d) => format!("d,{at},{lat},{stream},{},{},{k}", tier_code(d.tier), u8::from(d.allowed)),
-                        Err(e) => format!("e,{at},{lat},{stream},{}", e.to_string().replace(',', ";")),
+                        Ok(d) => format!(
+                            "d,{at},{lat},{stream},{},{},{k}",
+                            tier_code(d.tier),
+                            u8::from(d.allowed)
+                        ),
+                        Err(e) => {
+                            format!("e,{at},{lat},{stream},{}", e.to_string().replace(',', ";"))
+                        }
                     };
                     let _ = tx.send(line);
                     i += plan.tasks;
@@ -125,7 +138,8 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
     // Let the breaker close and the ledger drain, then report.
     let drain_end = Instant::now() + Duration::from_millis(plan.drain_ms);
     while Instant::now() < drain_end
-        && (limiter.breaker_state() != BreakerState::Closed || limiter.reconcile_stats().pending_units > 0)
+        && (limiter.breaker_state() != BreakerState::Closed
+            || limiter.reconcile_stats().pending_units > 0)
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

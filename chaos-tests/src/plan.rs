@@ -64,7 +64,8 @@ pub fn rule_sets(day_offset_s: i64) -> tierlimit::Result<[RuleSet; 3]> {
         RuleSet::new(
             "chaos-local",
             [
-                Rule::with_period(WINDOW_LIMIT, Duration::from_secs(1))?.with_algorithm(Algorithm::FixedWindow)?,
+                Rule::with_period(WINDOW_LIMIT, Duration::from_secs(1))?
+                    .with_algorithm(Algorithm::FixedWindow)?,
                 Rule::per_natural_day(100_000_000, day_offset_s)?,
             ],
         )?

@@ -34,12 +34,19 @@ pub struct RunConfig {
 impl RunConfig {
     /// Warm-up, fault and after-fault phases, ms.
     pub fn phases(&self) -> (u64, u64, u64) {
-        if self.quick { (1_500, 2_500, 2_000) } else { (3_000, 5_000, 3_000) }
+        if self.quick {
+            (1_500, 2_500, 2_000)
+        } else {
+            (3_000, 5_000, 3_000)
+        }
     }
 }
 
 fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 fn sleep_until(start_us: u64, at_us: u64) {
@@ -64,17 +71,28 @@ struct Tail {
 
 impl Tail {
     fn new(path: PathBuf) -> Self {
-        Tail { path, offset: 0, partial: String::new(), admitted: 0, denied: 0, states: Vec::new() }
+        Tail {
+            path,
+            offset: 0,
+            partial: String::new(),
+            admitted: 0,
+            denied: 0,
+            states: Vec::new(),
+        }
     }
 
     fn poll(&mut self) {
         use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(&self.path) else { return };
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return;
+        };
         if f.seek(SeekFrom::Start(self.offset)).is_err() {
             return;
         }
         let mut new = String::new();
-        let Ok(n) = f.read_to_string(&mut new) else { return };
+        let Ok(n) = f.read_to_string(&mut new) else {
+            return;
+        };
         self.offset += n as u64;
         self.partial.push_str(&new);
         let complete = self.partial.rfind('\n').map_or(0, |i| i + 1);
@@ -84,7 +102,9 @@ impl Tail {
             match f.first().copied() {
                 Some("d") if f.get(5) == Some(&"1") => self.admitted += 1,
                 Some("d") => self.denied += 1,
-                Some("s") if f.len() == 4 => self.states.push((f[1].parse().unwrap_or(0), f[2].to_string())),
+                Some("s") if f.len() == 4 => self
+                    .states
+                    .push((f[1].parse().unwrap_or(0), f[2].to_string())),
                 _ => {}
             }
         }
@@ -98,15 +118,24 @@ impl Tail {
 /// Keeps Redis full until stopped: fills until even a tiny write answers
 /// `-OOM`, then keeps topping up what expiring keys free, so the apps' writes
 /// keep failing for the whole fault.
-fn fill_memory(url: &str, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
-    let mut conn = redis::Client::open(url).and_then(|c| c.get_connection()).map_err(|e| e.to_string())?;
+fn fill_memory(
+    url: &str,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| e.to_string())?;
     let mut i = 0u64;
     let mut fill = move |sizes: &[usize]| -> Result<(), String> {
         for &size in sizes {
             let blob = "x".repeat(size);
             loop {
                 i += 1;
-                match redis::cmd("SET").arg(format!("filler:{i}")).arg(&blob).query::<()>(&mut conn) {
+                match redis::cmd("SET")
+                    .arg(format!("filler:{i}"))
+                    .arg(&blob)
+                    .query::<()>(&mut conn)
+                {
                     Ok(()) => {}
                     Err(e) if e.code() == Some("OOM") => break,
                     Err(e) => return Err(format!("filling memory: {e}")),
@@ -127,10 +156,18 @@ fn fill_memory(url: &str, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHand
 
 /// Deletes the filler keys (the apps' keys stay).
 fn free_memory(url: &str) -> Result<(), String> {
-    let mut conn = redis::Client::open(url).and_then(|c| c.get_connection()).map_err(|e| e.to_string())?;
-    let keys: Vec<String> = redis::cmd("KEYS").arg("filler:*").query(&mut conn).map_err(|e| e.to_string())?;
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| e.to_string())?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("filler:*")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
     for chunk in keys.chunks(500) {
-        redis::cmd("DEL").arg(chunk).query::<()>(&mut conn).map_err(|e| e.to_string())?;
+        redis::cmd("DEL")
+            .arg(chunk)
+            .query::<()>(&mut conn)
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -187,7 +224,10 @@ fn run_inner(
             a += t.admitted;
             d += t.denied;
         }
-        progress(format!("  {:>5.1}s {phase:<10} admitted {a:>6} denied {d:>6}", began.elapsed().as_secs_f64()));
+        progress(format!(
+            "  {:>5.1}s {phase:<10} admitted {a:>6} denied {d:>6}",
+            began.elapsed().as_secs_f64()
+        ));
     };
 
     // Warm-up.
@@ -203,7 +243,10 @@ fn run_inner(
     let mut data_lost_at = sc.loses_data.then_some(fault_at);
     let stop_filling = Arc::new(AtomicBool::new(false));
     let filler = match sc.oom {
-        Some(_) => Some(fill_memory(&driver.controller_url()?, stop_filling.clone())?),
+        Some(_) => Some(fill_memory(
+            &driver.controller_url()?,
+            stop_filling.clone(),
+        )?),
         None => None,
     };
     let mut steps = sc.fault.clone();
@@ -232,7 +275,9 @@ fn run_inner(
     }
     if let Some(filler) = filler {
         stop_filling.store(true, Ordering::Relaxed);
-        filler.join().map_err(|_| "the memory filler panicked".to_string())??;
+        filler
+            .join()
+            .map_err(|_| "the memory filler panicked".to_string())??;
         free_memory(&driver.controller_url()?)?;
     }
     let healed_at = unix_us() - start_us;
@@ -243,10 +288,12 @@ fn run_inner(
         // Kill it once its log shows the breaker closed again: mid-drain.
         let mut tail = Tail::new(dir.join(format!("app{app}.log")));
         let end = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < end && !{
-            tail.poll();
-            tail.closed_since(healed_at)
-        } {
+        while Instant::now() < end
+            && !{
+                tail.poll();
+                tail.closed_since(healed_at)
+            }
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
         driver.act(Action::KillApp(app))?;
@@ -268,10 +315,16 @@ fn run_inner(
     let mut redis_counts = HashMap::new();
     for k in 0..sc.keys {
         let storage = set.storage_key(&escape_key(&key(2, k)), 1);
-        let c: Option<u64> = redis::cmd("HGET").arg(&storage).arg("c").query(&mut conn).map_err(|e| e.to_string())?;
+        let c: Option<u64> = redis::cmd("HGET")
+            .arg(&storage)
+            .arg("c")
+            .query(&mut conn)
+            .map_err(|e| e.to_string())?;
         redis_counts.insert(k, c.unwrap_or(0));
     }
-    let logs: Vec<AppLog> = (0..cfg.apps).map(|i| AppLog::read(&dir.join(format!("app{i}.log")))).collect();
+    let logs: Vec<AppLog> = (0..cfg.apps)
+        .map(|i| AppLog::read(&dir.join(format!("app{i}.log"))))
+        .collect();
     let ctx = Context {
         in_flight: plans.first().map_or(0, |p| p.tasks as u64),
         scenario: sc,
@@ -279,7 +332,13 @@ fn run_inner(
         deadline_ms: cfg.deadline_ms,
         max_cool_down_ms: crate::app::breaker().max_cool_down.as_millis() as u64,
         keys: sc.keys,
-        timeline: Timeline { fault_at, healed_at, data_lost_at, killed, start_unix_us: start_us },
+        timeline: Timeline {
+            fault_at,
+            healed_at,
+            data_lost_at,
+            killed,
+            start_unix_us: start_us,
+        },
         redis_counts,
     };
     Ok(judge(&ctx, &logs))

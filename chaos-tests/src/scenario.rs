@@ -49,7 +49,10 @@ impl Scenario {
 
     /// Every action it takes, to ask a driver whether it can.
     pub fn actions(&self) -> impl Iterator<Item = Action> + '_ {
-        self.fault.iter().map(|(_, a)| *a).chain(self.heal.iter().copied())
+        self.fault
+            .iter()
+            .map(|(_, a)| *a)
+            .chain(self.heal.iter().copied())
     }
 }
 
@@ -62,9 +65,19 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
         Scenario {
             loses_data: true,
             fast_trip: true,
-            ..Scenario::new("kill-redis", "SIGKILL Redis under load; start it again empty", vec![(0, KillRedis)], vec![StartRedis])
+            ..Scenario::new(
+                "kill-redis",
+                "SIGKILL Redis under load; start it again empty",
+                vec![(0, KillRedis)],
+                vec![StartRedis],
+            )
         },
-        Scenario::new("hang-redis", "SIGSTOP Redis: sockets stay open, nothing answers", vec![(0, PauseRedis)], vec![ResumeRedis]),
+        Scenario::new(
+            "hang-redis",
+            "SIGSTOP Redis: sockets stay open, nothing answers",
+            vec![(0, PauseRedis)],
+            vec![ResumeRedis],
+        ),
         Scenario {
             outage: false,
             loses_data: true,
@@ -75,7 +88,12 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
                 vec![],
             )
         },
-        Scenario::new("network-cut", "packets between apps and Redis vanish", vec![(0, CutNetwork)], vec![RestoreNetwork]),
+        Scenario::new(
+            "network-cut",
+            "packets between apps and Redis vanish",
+            vec![(0, CutNetwork)],
+            vec![RestoreNetwork],
+        ),
         Scenario {
             fast_trip: true,
             ..Scenario::new(
@@ -102,7 +120,12 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
         ),
         Scenario {
             oom: Some(8 * 1024 * 1024),
-            ..Scenario::new("oom", "Redis full under noeviction: every write answers -OOM", vec![], vec![])
+            ..Scenario::new(
+                "oom",
+                "Redis full under noeviction: every write answers -OOM",
+                vec![],
+                vec![],
+            )
         },
         Scenario::new(
             "flapping",

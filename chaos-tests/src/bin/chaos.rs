@@ -37,7 +37,9 @@ fn parse() -> Result<Args, String> {
         let mut value = |what: &str| it.next().ok_or_else(|| format!("{arg} needs {what}"));
         match arg.as_str() {
             "--driver" => a.driver = value("process or docker")?,
-            "--scenario" => a.scenarios.extend(value("a name")?.split(',').map(str::to_string)),
+            "--scenario" => a
+                .scenarios
+                .extend(value("a name")?.split(',').map(str::to_string)),
             "--quick" => a.quick = true,
             "--report-dir" => a.report_dir = PathBuf::from(value("a directory")?),
             "--name" => a.name = value("a file stem")?,
@@ -62,16 +64,20 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("chaos: {e}");
             }
-            eprintln!("usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]");
+            eprintln!(
+                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]"
+            );
             return ExitCode::from(2);
         }
     };
-    let app_bin = std::env::var_os("CHAOS_APP_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|p| p.parent().map(|d| d.join("chaos-app")))
-            .unwrap_or_else(|| PathBuf::from("chaos-app"))
-    });
+    let app_bin = std::env::var_os("CHAOS_APP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("chaos-app")))
+                .unwrap_or_else(|| PathBuf::from("chaos-app"))
+        });
     let mut driver: Box<dyn Driver> = match args.driver.as_str() {
         "docker" => Box::new(DockerDriver::default()),
         _ => match ProcessDriver::new(app_bin) {
@@ -87,21 +93,34 @@ fn main() -> ExitCode {
         apps: 3,
         deadline_ms: 50,
         work_dir: args.report_dir.join("runs").join(&args.driver),
-        lead_ms: if args.driver == "docker" { 4_000 } else { 1_500 },
+        lead_ms: if args.driver == "docker" {
+            4_000
+        } else {
+            1_500
+        },
         sabotage_no_deadline: args.sabotage,
     };
     let all = scenario::all(cfg.phases().1, cfg.deadline_ms);
     let known: Vec<&str> = all.iter().map(|s| s.name).collect();
     if let Some(bad) = args.scenarios.iter().find(|n| !known.contains(&n.as_str())) {
-        eprintln!("chaos: unknown scenario {bad:?}; known: {}", known.join(", "));
+        eprintln!(
+            "chaos: unknown scenario {bad:?}; known: {}",
+            known.join(", ")
+        );
         return ExitCode::from(2);
     }
-    let chosen: Vec<_> = all.into_iter().filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name)).collect();
+    let chosen: Vec<_> = all
+        .into_iter()
+        .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
+        .collect();
     let mut report = Report {
         driver: args.driver.clone(),
         quick: args.quick,
         deadline_ms: cfg.deadline_ms,
-        unix_time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        unix_time: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         scenarios: Vec::new(),
         skipped: Vec::new(),
     };
@@ -109,11 +128,25 @@ fn main() -> ExitCode {
     let n = chosen.len();
     for (i, sc) in chosen.iter().enumerate() {
         if let Some(a) = sc.actions().find(|a| !driver.supports(*a)) {
-            println!("[{}/{n}] {:<26} skipped: the {} driver cannot do {a:?}", i + 1, sc.name, driver.name());
-            report.skipped.push((sc.name.to_string(), format!("the {} driver cannot do {a:?}", driver.name())));
+            println!(
+                "[{}/{n}] {:<26} skipped: the {} driver cannot do {a:?}",
+                i + 1,
+                sc.name,
+                driver.name()
+            );
+            report.skipped.push((
+                sc.name.to_string(),
+                format!("the {} driver cannot do {a:?}", driver.name()),
+            ));
             continue;
         }
-        println!("[{}/{n}] {:<26} {} ({:.0}s elapsed)", i + 1, sc.name, sc.about, started.elapsed().as_secs_f64());
+        println!(
+            "[{}/{n}] {:<26} {} ({:.0}s elapsed)",
+            i + 1,
+            sc.name,
+            sc.about,
+            started.elapsed().as_secs_f64()
+        );
         match run_scenario(driver.as_mut(), sc, &cfg, &mut |line| println!("{line}")) {
             Ok(result) => {
                 let verdict = if result.passed() { "PASS" } else { "FAIL" };
@@ -137,6 +170,13 @@ fn main() -> ExitCode {
         println!("{f}");
     }
     let passed = report.scenarios.iter().filter(|s| s.passed()).count();
-    println!("{passed} passed, {} failed", report.scenarios.len() - passed);
-    if failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    println!(
+        "{passed} passed, {} failed",
+        report.scenarios.len() - passed
+    );
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -88,7 +88,11 @@ impl Default for DockerDriver {
         DockerDriver {
             compose: None,
             compose_file,
-            prefix: if prefix.is_empty() { "tlchaos".into() } else { prefix },
+            prefix: if prefix.is_empty() {
+                "tlchaos".into()
+            } else {
+                prefix
+            },
             started: 0,
             project: None,
         }
@@ -124,8 +128,16 @@ fn docker(args: &[&str]) -> Result<String, String> {
 
 /// The last lines a container wrote, stdout and stderr.
 fn logs(id: &str) -> String {
-    match Command::new("docker").args(["logs", "--tail", "20", id]).stdin(Stdio::null()).output() {
-        Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    match Command::new("docker")
+        .args(["logs", "--tail", "20", id])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
         Err(e) => format!("(docker logs: {e})"),
     }
 }
@@ -145,16 +157,30 @@ fn answers_ping(addr: SocketAddr) -> bool {
 
 /// `path` relative to `dir`, for a file that must be under `dir`.
 fn under(dir: &Path, path: &Path) -> Result<PathBuf, String> {
-    let outside = || format!("{} is not under the run directory {}", path.display(), dir.display());
+    let outside = || {
+        format!(
+            "{} is not under the run directory {}",
+            path.display(),
+            dir.display()
+        )
+    };
     let rel = match path.strip_prefix(dir) {
         Ok(rel) => rel.to_path_buf(),
         Err(_) => {
             // Compare real paths: `dir` may be relative or reached through a link.
-            let real_dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+            let real_dir = dir
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
             let parent = path.parent().ok_or_else(outside)?;
             let name = path.file_name().ok_or_else(outside)?;
-            let real_parent = parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?;
-            real_parent.join(name).strip_prefix(&real_dir).map_err(|_| outside())?.to_path_buf()
+            let real_parent = parent
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", parent.display()))?;
+            real_parent
+                .join(name)
+                .strip_prefix(&real_dir)
+                .map_err(|_| outside())?
+                .to_path_buf()
         }
     };
     if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
@@ -193,7 +219,10 @@ impl DockerDriver {
     /// Runs `compose -f <file> -p <project> <args>` with the project's variables.
     fn compose(&mut self, args: &[&str]) -> Result<String, String> {
         let compose = self.compose_cmd()?;
-        let project = self.project.as_ref().ok_or("no compose project is running")?;
+        let project = self
+            .project
+            .as_ref()
+            .ok_or("no compose project is running")?;
         let mut cmd = Command::new(&compose[0]);
         cmd.args(&compose[1..])
             .arg("-f")
@@ -205,12 +234,18 @@ impl DockerDriver {
     }
 
     fn project(&mut self) -> Result<&mut Project, String> {
-        self.project.as_mut().ok_or_else(|| "Redis is not started".to_string())
+        self.project
+            .as_mut()
+            .ok_or_else(|| "Redis is not started".to_string())
     }
 
     /// The id of the container of `service` in the current project.
     fn container(&self, service: &str) -> Result<String, String> {
-        let name = &self.project.as_ref().ok_or("no compose project is running")?.name;
+        let name = &self
+            .project
+            .as_ref()
+            .ok_or("no compose project is running")?
+            .name;
         let out = docker(&[
             "ps",
             "-a",
@@ -224,7 +259,9 @@ impl DockerDriver {
         match out.lines().collect::<Vec<_>>()[..] {
             [id] => Ok(id.to_string()),
             [] => Err(format!("project {name} has no {service} container")),
-            _ => Err(format!("project {name} has several {service} containers:\n{out}")),
+            _ => Err(format!(
+                "project {name} has several {service} containers:\n{out}"
+            )),
         }
     }
 
@@ -233,8 +270,15 @@ impl DockerDriver {
         let redis = self.project()?.redis.clone();
         let out = docker(&["port", &redis, "6379/tcp"])?;
         out.lines()
-            .find_map(|l| l.trim().parse::<SocketAddr>().ok().filter(|a| a.ip().is_loopback()))
-            .ok_or_else(|| format!("Redis has no port published on loopback (`docker port` says {out:?})"))
+            .find_map(|l| {
+                l.trim()
+                    .parse::<SocketAddr>()
+                    .ok()
+                    .filter(|a| a.ip().is_loopback())
+            })
+            .ok_or_else(|| {
+                format!("Redis has no port published on loopback (`docker port` says {out:?})")
+            })
     }
 
     /// Waits until Redis answers PING through its published port.
@@ -250,7 +294,10 @@ impl DockerDriver {
             std::thread::sleep(Duration::from_millis(50));
         }
         let redis = self.project()?.redis.clone();
-        Err(format!("Redis did not answer PING within {READY_TIMEOUT:?} ({last}); its log ends:\n{}", logs(&redis)))
+        Err(format!(
+            "Redis did not answer PING within {READY_TIMEOUT:?} ({last}); its log ends:\n{}",
+            logs(&redis)
+        ))
     }
 
     /// SIGKILLs a container and waits until docker reports it stopped.
@@ -272,7 +319,10 @@ impl Driver for DockerDriver {
 
     fn supports(&self, action: Action) -> bool {
         // No tc/iptables in the images (see the module docs).
-        !matches!(action, Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault)
+        !matches!(
+            action,
+            Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault
+        )
     }
 
     fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
@@ -303,9 +353,18 @@ impl Driver for DockerDriver {
             "{{range $name, $net := .NetworkSettings.Networks}}{{$name}}\n{{end}}",
             &redis,
         ])?;
-        let network = match networks.lines().map(str::trim).filter(|n| !n.is_empty()).collect::<Vec<_>>()[..] {
+        let network = match networks
+            .lines()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect::<Vec<_>>()[..]
+        {
             [one] => one.to_string(),
-            _ => return Err(format!("expected Redis on one network, it is on: {networks:?}")),
+            _ => {
+                return Err(format!(
+                    "expected Redis on one network, it is on: {networks:?}"
+                ));
+            }
         };
         let project = self.project()?;
         project.redis = redis;
@@ -320,18 +379,26 @@ impl Driver for DockerDriver {
 
     fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
         if plans.len() > APP_SERVICES {
-            return Err(format!("the compose file has {APP_SERVICES} app services, not {}", plans.len()));
+            return Err(format!(
+                "the compose file has {APP_SERVICES} app services, not {}",
+                plans.len()
+            ));
         }
         if !self.project()?.apps.is_empty() {
             return Err("the apps of this project are already started".into());
         }
-        let real_dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+        let real_dir = dir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut services = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
             let rel = under(dir, &plan.out)?;
             let file = format!("app{i}.json");
             if rel == Path::new(&file) {
-                return Err(format!("app {i}'s log {} would overwrite its plan", plan.out.display()));
+                return Err(format!(
+                    "app {i}'s log {} would overwrite its plan",
+                    plan.out.display()
+                ));
             }
             let mut inside = plan.clone();
             inside.out = Path::new(MOUNT).join(&rel);
@@ -343,11 +410,16 @@ impl Driver for DockerDriver {
         }
         let project = self.project()?;
         project.env.retain(|(k, _)| k != "CHAOS_DIR");
-        project.env.push(("CHAOS_DIR".into(), real_dir.to_string_lossy().into_owned()));
+        project
+            .env
+            .push(("CHAOS_DIR".into(), real_dir.to_string_lossy().into_owned()));
         let mut args = vec!["up", "-d", "--no-deps"];
         args.extend(services.iter().map(String::as_str));
         self.compose(&args)?;
-        let apps = services.iter().map(|s| self.container(s)).collect::<Result<Vec<_>, _>>()?;
+        let apps = services
+            .iter()
+            .map(|s| self.container(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let project = self.project()?;
         project.killed = vec![false; apps.len()];
         project.apps = apps;
@@ -390,12 +462,19 @@ impl Driver for DockerDriver {
             }
             Action::CutNetwork | Action::RestoreNetwork => {}
             Action::KillApp(i) => {
-                let id = p.apps.get(i).cloned().ok_or_else(|| format!("no app {i}"))?;
-                self.kill(&id).map_err(|e| format!("killing app {i}: {e}"))?;
+                let id = p
+                    .apps
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("no app {i}"))?;
+                self.kill(&id)
+                    .map_err(|e| format!("killing app {i}: {e}"))?;
                 self.project()?.killed[i] = true;
             }
             Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault => {
-                return Err(format!("the docker driver cannot do {action:?}: the images have no tc or iptables"));
+                return Err(format!(
+                    "the docker driver cannot do {action:?}: the images have no tc or iptables"
+                ));
             }
         }
         Ok(())
@@ -408,14 +487,19 @@ impl Driver for DockerDriver {
             let code = docker(&["wait", id])?;
             // A killed app exits by SIGKILL (137); that is the scenario, not a failure.
             if code != "0" && !self.project()?.killed[i] {
-                return Err(format!("app {i} exited with status {code}; its output ends:\n{}", logs(id)));
+                return Err(format!(
+                    "app {i} exited with status {code}; its output ends:\n{}",
+                    logs(id)
+                ));
             }
         }
         Ok(())
     }
 
     fn teardown(&mut self) {
-        let Some(project) = self.project.as_ref() else { return };
+        let Some(project) = self.project.as_ref() else {
+            return;
+        };
         let name = project.name.clone();
         if let Err(e) = self.compose(&["down", "-v", "--remove-orphans", "-t", "1"]) {
             eprintln!("docker driver: {e}");

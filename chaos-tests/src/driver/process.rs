@@ -24,7 +24,10 @@ impl ProcessDriver {
     /// A driver that starts apps from the `chaos-app` binary at `app_bin`.
     pub fn new(app_bin: PathBuf) -> Result<Self, String> {
         if !app_bin.exists() {
-            return Err(format!("chaos-app binary not found at {}: build it with `cargo build -p chaos-tests`", app_bin.display()));
+            return Err(format!(
+                "chaos-app binary not found at {}: build it with `cargo build -p chaos-tests`",
+                app_bin.display()
+            ));
         }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -40,11 +43,15 @@ impl ProcessDriver {
     }
 
     fn redis(&mut self) -> Result<&mut RedisServer, String> {
-        self.redis.as_mut().ok_or_else(|| "Redis is not started".to_string())
+        self.redis
+            .as_mut()
+            .ok_or_else(|| "Redis is not started".to_string())
     }
 
     fn proxy(&self) -> Result<&FaultProxy, String> {
-        self.proxy.as_ref().ok_or_else(|| "the fault proxy is not started".to_string())
+        self.proxy
+            .as_ref()
+            .ok_or_else(|| "the fault proxy is not started".to_string())
     }
 }
 
@@ -79,7 +86,8 @@ impl Driver for ProcessDriver {
         for plan in plans {
             let plan_path = plan.out.with_extension("json");
             let json = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
-            std::fs::write(&plan_path, json).map_err(|e| format!("{}: {e}", plan_path.display()))?;
+            std::fs::write(&plan_path, json)
+                .map_err(|e| format!("{}: {e}", plan_path.display()))?;
             let child = Command::new(&self.app_bin)
                 .arg(&plan_path)
                 .spawn()
@@ -110,7 +118,9 @@ impl Driver for ProcessDriver {
 
     fn wait_apps(&mut self) -> Result<(), String> {
         for (i, app) in self.apps.iter_mut().enumerate() {
-            let status = app.wait().map_err(|e| format!("waiting for app {i}: {e}"))?;
+            let status = app
+                .wait()
+                .map_err(|e| format!("waiting for app {i}: {e}"))?;
             // A killed app exits by signal; that is the scenario, not a failure.
             if let Some(code) = status.code().filter(|c| *c != 0) {
                 return Err(format!("app {i} exited with status {code}"));

@@ -69,6 +69,19 @@ pub enum Error {
         /// The rule's period.
         period: Duration,
     },
+    /// The time a full burst takes to refill (`capacity * period / limit`) is
+    /// longer than the scripts can represent exactly (2^53 µs).
+    #[error(
+        "a burst of {capacity} at {limit} per {period:?} takes too long to refill to represent exactly"
+    )]
+    BurstWindowTooLong {
+        /// The rule's capacity (burst).
+        capacity: u64,
+        /// The rule's limit.
+        limit: u64,
+        /// The rule's period.
+        period: Duration,
+    },
     /// A burst of 0 was asked for.
     #[error("a rule's burst must be at least 1")]
     ZeroBurst,

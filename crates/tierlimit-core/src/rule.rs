@@ -231,6 +231,17 @@ impl Rule {
                 period: self.period(),
             });
         }
+        // GCRA's arrival time and the token bucket's refill run up to
+        // capacity * period / limit µs ahead of now: keep that exact in a double.
+        let refill_us =
+            u128::from(self.capacity()) * u128::from(self.period_us) / u128::from(self.limit);
+        if self.algorithm.has_burst() && refill_us > u128::from(MAX_EXACT) {
+            return Err(Error::BurstWindowTooLong {
+                capacity: self.capacity(),
+                limit: self.limit,
+                period: self.period(),
+            });
+        }
         Ok(self)
     }
 
@@ -312,6 +323,13 @@ mod tests {
                 assert_ne!(x, y);
             }
         }
+    }
+
+    #[test]
+    fn a_burst_that_refills_beyond_exact_doubles_is_refused() {
+        let r = Rule::per_day(1).and_then(|r| r.with_burst(1 << 40));
+        assert!(matches!(r, Err(Error::BurstWindowTooLong { .. })));
+        assert!(Rule::per_day(1).and_then(|r| r.with_burst(1_000)).is_ok());
     }
 
     #[test]

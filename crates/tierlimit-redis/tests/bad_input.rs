@@ -77,6 +77,15 @@ fn zero_burst() {
 }
 
 #[test]
+fn burst_whose_refill_is_beyond_exact_doubles() {
+    let r = Rule::per_day(1).expect("valid");
+    assert!(matches!(
+        r.with_burst(1 << 40),
+        Err(Error::BurstWindowTooLong { capacity, limit: 1, .. }) if capacity == 1 << 40
+    ));
+}
+
+#[test]
 fn burst_on_window_algorithms() {
     for algorithm in [
         Algorithm::SlidingLog,

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Runs the chaos suite:
+#
+#   chaos-tests/run.sh [--driver docker|process] [--scenario NAME[,NAME..]] [--quick] [chaos options..]
+#
+# Every argument but --driver goes to the controller (`chaos --help`). The
+# report lands in chaos-tests/report/. See chaos-tests/README.md.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+
+usage() {
+    echo "usage: chaos-tests/run.sh [--driver docker|process] [--scenario NAME[,NAME..]] [--quick] [chaos options..]" >&2
+    exit 2
+}
+
+driver=process
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --driver) [ $# -ge 2 ] || usage; driver=$2; shift 2 ;;
+        --driver=*) driver=${1#--driver=}; shift ;;
+        -h | --help) usage ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+
+cd "$root"
+
+case "$driver" in
+    process)
+        cargo run --release -p chaos-tests --bin chaos -- --driver process ${args[@]+"${args[@]}"}
+        ;;
+
+    docker)
+        # Images: CHAOS_IMAGES=local (the default) builds them from this
+        # machine's redis-server and chaos-app (images/build.sh; no registry
+        # needed). CHAOS_IMAGES=registry uses CHAOS_REDIS_IMAGE and
+        # CHAOS_APP_IMAGE as set, or the compose file's defaults (redis:7.4,
+        # rust:1.88 building chaos-app from this workspace).
+        command -v docker >/dev/null || { echo "run.sh: docker is not installed" >&2; exit 2; }
+        docker info >/dev/null 2>&1 || { echo "run.sh: the docker engine does not answer (docker info)" >&2; exit 2; }
+        if [ -z "${CHAOS_COMPOSE:-}" ]; then
+            if docker compose version >/dev/null 2>&1; then
+                CHAOS_COMPOSE="docker compose"
+            elif docker-compose version >/dev/null 2>&1; then
+                CHAOS_COMPOSE=docker-compose
+            else
+                echo "run.sh: neither \`docker compose\` nor \`docker-compose\` works; install one or set CHAOS_COMPOSE" >&2
+                exit 2
+            fi
+        fi
+        export CHAOS_COMPOSE
+        echo "run.sh: compose command: $CHAOS_COMPOSE" >&2
+
+        # The driver names its projects ${CHAOS_PROJECT}x<n>; if the controller
+        # dies without cleaning up (Ctrl-C, SIGKILL), remove what it left.
+        export CHAOS_PROJECT=tlchaos$$
+        cleanup() {
+            local rc=$? id project
+            set +e
+            docker ps -a --filter label=com.docker.compose.project \
+                --format '{{.ID}} {{.Label "com.docker.compose.project"}}' |
+                while read -r id project; do
+                    [[ $project =~ ^${CHAOS_PROJECT}x[0-9]+$ ]] && docker rm -f -v "$id" >/dev/null || true
+                done
+            docker network ls --filter label=com.docker.compose.project \
+                --format '{{.ID}} {{.Label "com.docker.compose.project"}}' |
+                while read -r id project; do
+                    [[ $project =~ ^${CHAOS_PROJECT}x[0-9]+$ ]] && docker network rm "$id" >/dev/null || true
+                done
+            exit "$rc"
+        }
+        trap cleanup EXIT
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+
+        case "${CHAOS_IMAGES:-local}" in
+            local)
+                export CHAOS_REDIS_IMAGE=${CHAOS_LOCAL_REDIS_IMAGE:-tierlimit-chaos-redis:local}
+                export CHAOS_APP_IMAGE=${CHAOS_LOCAL_APP_IMAGE:-tierlimit-chaos-app:local}
+                CHAOS_LOCAL_REDIS_IMAGE=$CHAOS_REDIS_IMAGE CHAOS_LOCAL_APP_IMAGE=$CHAOS_APP_IMAGE \
+                    "$here/images/build.sh"
+                # Compose must never pull these: they exist only here.
+                export CHAOS_PULL_POLICY=never
+                ;;
+            registry)
+                export CHAOS_REDIS_IMAGE=${CHAOS_REDIS_IMAGE:-redis:7.4}
+                export CHAOS_APP_IMAGE=${CHAOS_APP_IMAGE:-rust:1.88}
+                export CHAOS_PULL_POLICY=${CHAOS_PULL_POLICY:-if_not_present}
+                compose=($CHAOS_COMPOSE -f "$here/docker-compose.yml" -p "${CHAOS_PROJECT}x0")
+                "${compose[@]}" pull redis app0
+                # A builder image compiles chaos-app in each app container;
+                # compile once now into the shared cache so no scenario's
+                # containers spend their lead time on it.
+                echo "run.sh: building chaos-app in $CHAOS_APP_IMAGE (once; cached in target/chaos-docker)" >&2
+                CHAOS_DIR=$(mktemp -d) "${compose[@]}" run --rm --no-deps app0 --build-only
+                "${compose[@]}" down -v --remove-orphans -t 1 >/dev/null 2>&1
+                ;;
+            *)
+                echo "run.sh: CHAOS_IMAGES must be local or registry, not ${CHAOS_IMAGES}" >&2
+                exit 2
+                ;;
+        esac
+        echo "run.sh: images: $CHAOS_REDIS_IMAGE, $CHAOS_APP_IMAGE (pull_policy $CHAOS_PULL_POLICY)" >&2
+
+        # Not `exec`: the EXIT trap must run after the controller.
+        cargo run --release -p chaos-tests --bin chaos -- --driver docker ${args[@]+"${args[@]}"}
+        ;;
+
+    *)
+        echo "run.sh: unknown driver \"$driver\" (docker or process)" >&2
+        usage
+        ;;
+esac

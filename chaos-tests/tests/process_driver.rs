@@ -1,0 +1,77 @@
+//! The chaos suite with the process driver, as `cargo test` runs it: two
+//! scenarios pass their bounds, and a deliberately broken limiter fails them
+//! with a line that names the broken bound (so the suite can be trusted to catch
+//! a regression). `chaos-tests/run.sh --driver process` runs every scenario.
+
+use std::path::PathBuf;
+
+use chaos_tests::driver::ProcessDriver;
+use chaos_tests::report::Report;
+use chaos_tests::run::{RunConfig, run_scenario};
+use chaos_tests::scenario;
+
+fn suite(names: &[&str], sabotage: bool, tag: &str) -> Report {
+    let cfg = RunConfig {
+        quick: true,
+        apps: 3,
+        deadline_ms: 50,
+        work_dir: std::env::temp_dir()
+            .join(format!("tierlimit-chaos-{tag}-{}", std::process::id())),
+        lead_ms: 1_500,
+        sabotage_no_deadline: sabotage,
+    };
+    let mut driver = ProcessDriver::new(PathBuf::from(env!("CARGO_BIN_EXE_chaos-app")))
+        .expect("chaos-app is built by cargo test");
+    let mut report = Report {
+        driver: "process".into(),
+        quick: true,
+        deadline_ms: cfg.deadline_ms,
+        unix_time: 0,
+        scenarios: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for sc in scenario::all(cfg.phases().1, cfg.deadline_ms)
+        .into_iter()
+        .filter(|s| names.contains(&s.name))
+    {
+        let result = run_scenario(&mut driver, &sc, &cfg, &mut |line| println!("{line}"))
+            .expect("the scenario runs");
+        report.scenarios.push(result);
+    }
+    let _ = std::fs::remove_dir_all(&cfg.work_dir);
+    assert_eq!(report.scenarios.len(), names.len());
+    report
+}
+
+#[test]
+fn hang_and_app_loss_keep_every_bound() {
+    let report = suite(&["hang-redis", "app-killed-in-reconcile"], false, "ok");
+    println!("{}", report.markdown("none.svg"));
+    assert!(
+        report.passed(),
+        "broken bounds:\n{}",
+        report.failures().join("\n")
+    );
+}
+
+/// Regression guard for the guard: a limiter whose Redis calls have no deadline
+/// (60 s instead of 50 ms) must fail the hang scenario on the latency bound.
+#[test]
+fn a_limiter_without_a_deadline_fails_the_suite() {
+    let report = suite(&["hang-redis"], true, "sabotage");
+    let failures = report.failures();
+    for f in &failures {
+        println!("{f}");
+    }
+    assert!(
+        !report.passed(),
+        "a limiter without a deadline passed the suite"
+    );
+    assert!(
+        failures
+            .iter()
+            .any(|f| f
+                .starts_with("FAIL hang-redis: every decision within deadline + 15 ms = 65 ms")),
+        "no failure names the latency bound: {failures:?}"
+    );
+}
