@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{DEADLINE, builder, healthy, trip, wait_for};
+use support::{DEADLINE, builder, drained, healthy, trip, wait_for};
 use tierlimit::{
     Algorithm, BreakerState, HybridLimiter, Instances, LocalConfig, Policy, Rule, RuleSet, Tier,
 };
@@ -159,18 +159,8 @@ async fn nothing_is_lost_across_three_instances() {
     assert!(samples.errors().is_empty());
     proxy.set(Fault::None);
     for l in &limiters {
-        assert!(
-            l.wait_closed(Duration::from_secs(5)).await,
-            "a limiter did not recover"
-        );
+        drained(l, Duration::from_secs(10)).await;
     }
-    assert!(
-        wait_for(Duration::from_secs(10), || limiters
-            .iter()
-            .all(|l| l.reconcile_stats().pending_units == 0))
-        .await,
-        "the ledgers did not drain"
-    );
     let counts = counts.lock().expect("lock").clone();
     let mut conn = server.conn().await;
     let (mut total_local, mut total_unknown) = (0, 0);
@@ -242,14 +232,7 @@ async fn a_quota_used_locally_is_not_handed_out_again() {
     }
     assert_eq!(admitted, 20, "the whole quota, once, locally");
     server.resume();
-    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
-    assert!(
-        wait_for(Duration::from_secs(5), || limiter
-            .reconcile_stats()
-            .pending_units
-            == 0)
-        .await
-    );
+    drained(&limiter, Duration::from_secs(5)).await;
     let d = limiter
         .check("spender", &set, 1)
         .await
@@ -312,14 +295,7 @@ async fn a_drain_interrupted_by_a_second_outage_completes_exactly() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.resume();
-    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
-    assert!(
-        wait_for(Duration::from_secs(20), || limiter
-            .reconcile_stats()
-            .pending_units
-            == 0)
-        .await
-    );
+    drained(&limiter, Duration::from_secs(20)).await;
     let stats = limiter.reconcile_stats();
     println!("{stats:?}");
 
@@ -372,14 +348,7 @@ async fn expired_entries_are_dropped_and_counted() {
     assert_eq!(limiter.local().ledger().units(), local);
     tokio::time::sleep(Duration::from_millis(700)).await;
     server.resume();
-    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
-    assert!(
-        wait_for(Duration::from_secs(5), || limiter
-            .reconcile_stats()
-            .pending_units
-            == 0)
-        .await
-    );
+    drained(&limiter, Duration::from_secs(5)).await;
     let stats = limiter.reconcile_stats();
     println!("expired: {stats:?}");
     assert_eq!(stats.expired_units, local);
