@@ -30,7 +30,8 @@ cd "$root"
 
 case "$driver" in
     process)
-        cargo run --release -p chaos-tests --bin chaos -- --driver process ${args[@]+"${args[@]}"}
+        # The dev profile is optimised (see Cargo.toml) and shares its build with the tests.
+        cargo run -p chaos-tests --bin chaos -- --driver process ${args[@]+"${args[@]}"}
         ;;
 
     docker)
@@ -89,11 +90,12 @@ case "$driver" in
                 export CHAOS_REDIS_IMAGE=${CHAOS_REDIS_IMAGE:-redis:7.4}
                 export CHAOS_APP_IMAGE=${CHAOS_APP_IMAGE:-rust:1.88}
                 export CHAOS_PULL_POLICY=${CHAOS_PULL_POLICY:-if_not_present}
+                # Compose pulls a missing image itself (here, and for Redis
+                # when the first scenario starts). A builder image compiles
+                # chaos-app in each app container: compile once now into the
+                # shared cache so no scenario's containers spend their lead
+                # time on it.
                 compose=($CHAOS_COMPOSE -f "$here/docker-compose.yml" -p "${CHAOS_PROJECT}x0")
-                "${compose[@]}" pull redis app0
-                # A builder image compiles chaos-app in each app container;
-                # compile once now into the shared cache so no scenario's
-                # containers spend their lead time on it.
                 echo "run.sh: building chaos-app in $CHAOS_APP_IMAGE (once; cached in target/chaos-docker)" >&2
                 CHAOS_DIR=$(mktemp -d) "${compose[@]}" run --rm --no-deps app0 --build-only
                 "${compose[@]}" down -v --remove-orphans -t 1 >/dev/null 2>&1
@@ -106,7 +108,7 @@ case "$driver" in
         echo "run.sh: images: $CHAOS_REDIS_IMAGE, $CHAOS_APP_IMAGE (pull_policy $CHAOS_PULL_POLICY)" >&2
 
         # Not `exec`: the EXIT trap must run after the controller.
-        cargo run --release -p chaos-tests --bin chaos -- --driver docker ${args[@]+"${args[@]}"}
+        cargo run -p chaos-tests --bin chaos -- --driver docker ${args[@]+"${args[@]}"}
         ;;
 
     *)

@@ -240,7 +240,9 @@ fn run_inner(
     sleep_until(start_us, warm * 1_000);
     let fault_at = unix_us() - start_us;
     let mut killed = Vec::new();
-    let mut data_lost_at = sc.loses_data.then_some(fault_at);
+    // Set when the kill has surely landed: once `act` returns (a `docker kill`
+    // lands tens of ms after it is asked for; Redis admits until then).
+    let mut data_lost_at = None;
     let stop_filling = Arc::new(AtomicBool::new(false));
     let filler = match sc.oom {
         Some(_) => Some(fill_memory(
@@ -260,8 +262,10 @@ fn run_inner(
         }
         sleep_until(start_us, (warm + at) * 1_000);
         driver.act(action)?;
-        if let Action::KillApp(i) = action {
-            killed.push((i, unix_us() - start_us));
+        match action {
+            Action::KillApp(i) => killed.push((i, unix_us() - start_us)),
+            Action::KillRedis if data_lost_at.is_none() => data_lost_at = Some(unix_us() - start_us),
+            _ => {}
         }
     }
     while next_tick < warm + fault_ms {
@@ -281,9 +285,6 @@ fn run_inner(
         free_memory(&driver.controller_url()?)?;
     }
     let healed_at = unix_us() - start_us;
-    if sc.loses_data && data_lost_at.is_none() {
-        data_lost_at = Some(fault_at);
-    }
     if let Some(app) = sc.kill_app_after_close {
         // Kill it once its log shows the breaker closed again: mid-drain.
         let mut tail = Tail::new(dir.join(format!("app{app}.log")));

@@ -18,8 +18,6 @@ pub struct Scenario {
     pub heal: Vec<Action>,
     /// Whether Redis must become unusable, so every app's breaker must trip.
     pub outage: bool,
-    /// Whether Redis loses its data at the fault (so usage before it is gone).
-    pub loses_data: bool,
     /// Redis started with this `maxmemory` (noeviction) and filled at the fault.
     pub oom: Option<u64>,
     /// Keys per stream (more keys make a longer drain).
@@ -39,7 +37,6 @@ impl Scenario {
             fault,
             heal,
             outage: true,
-            loses_data: false,
             oom: None,
             keys: 4,
             kill_app_after_close: None,
@@ -63,7 +60,6 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
     let flap_every = fault_ms / 3;
     vec![
         Scenario {
-            loses_data: true,
             fast_trip: true,
             ..Scenario::new(
                 "kill-redis",
@@ -80,7 +76,6 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
         ),
         Scenario {
             outage: false,
-            loses_data: true,
             ..Scenario::new(
                 "restart-redis",
                 "restart Redis at once with empty data and an empty script cache",

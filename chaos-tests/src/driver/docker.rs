@@ -27,6 +27,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Action, Driver};
@@ -43,6 +44,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The compose label holding a container's or network's project name.
 const PROJECT_LABEL: &str = "com.docker.compose.project";
 
+/// Projects started by this process so far, for unique names.
+static PROJECTS: AtomicU32 = AtomicU32::new(0);
+
 /// Runs Redis and the apps as containers (see `chaos-tests/docker-compose.yml`
 /// and `chaos-tests/README.md`).
 #[derive(Debug)]
@@ -51,8 +55,6 @@ pub struct DockerDriver {
     compose: Option<Vec<String>>,
     compose_file: PathBuf,
     prefix: String,
-    /// Projects started so far, for unique names.
-    started: u32,
     project: Option<Project>,
 }
 
@@ -93,7 +95,6 @@ impl Default for DockerDriver {
             } else {
                 prefix
             },
-            started: 0,
             project: None,
         }
     }
@@ -327,12 +328,28 @@ impl Driver for DockerDriver {
 
     fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
         self.teardown();
-        self.started += 1;
+        // `pull_policy: never` is honoured by `docker compose` v2; docker-compose
+        // 1.29 accepts it but still pulls a missing image. Refuse before that.
+        if std::env::var("CHAOS_PULL_POLICY").as_deref() == Ok("never") {
+            for (var, default) in [
+                ("CHAOS_REDIS_IMAGE", "redis:7.4"),
+                ("CHAOS_APP_IMAGE", "rust:1.88"),
+            ] {
+                let image = std::env::var(var).unwrap_or_else(|_| default.into());
+                if docker(&["image", "inspect", "-f", "{{.Id}}", &image]).is_err() {
+                    return Err(format!(
+                        "image {image} ({var}) is not on this engine and CHAOS_PULL_POLICY=never: build it with chaos-tests/images/build.sh"
+                    ));
+                }
+            }
+        }
+        // Process-wide, so two drivers in one process never share a project.
+        let n = PROJECTS.fetch_add(1, Ordering::Relaxed) + 1;
         let redis_args = maxmemory
             .map(|m| format!("--maxmemory {m} --maxmemory-policy noeviction"))
             .unwrap_or_default();
         self.project = Some(Project {
-            name: format!("{}x{}", self.prefix, self.started),
+            name: format!("{}x{n}", self.prefix),
             env: vec![("CHAOS_REDIS_ARGS".into(), redis_args)],
             redis: String::new(),
             network: String::new(),
@@ -437,9 +454,13 @@ impl Driver for DockerDriver {
             Action::StartRedis => {
                 // Kills it first if it still runs (even paused); no persistence,
                 // so it comes back empty, without scripts, on a new host port.
+                // While the network is cut nothing can reach it to check.
+                let cut = p.cut;
                 docker(&["restart", "-t", "0", &redis])?;
                 self.project()?.paused = false;
-                self.wait_ready()?;
+                if !cut {
+                    self.wait_ready()?;
+                }
             }
             Action::PauseRedis if !p.paused => {
                 docker(&["pause", &redis])?;
