@@ -99,14 +99,15 @@ impl AppLog {
             .map_or("closed", |(_, s, _)| s.as_str())
     }
 
-    /// True when the breaker was not closed over all of `[t - margin, t + margin]`.
+    /// True when the breaker was not closed (open or half-open: either way no
+    /// check touches Redis) over all of `[t - margin, t + margin]`.
     pub fn open_around(&self, t: u64, margin: u64) -> bool {
         let from = t.saturating_sub(margin);
         self.state_at(from) != "closed"
             && !self
                 .states
                 .iter()
-                .any(|(at, _, _)| *at > from && *at <= t + margin)
+                .any(|(at, s, _)| *at > from && *at <= t + margin && s == "closed")
     }
 
     /// The first time at or after `from` the breaker entered `state`.

@@ -264,7 +264,9 @@ fn run_inner(
         driver.act(action)?;
         match action {
             Action::KillApp(i) => killed.push((i, unix_us() - start_us)),
-            Action::KillRedis if data_lost_at.is_none() => data_lost_at = Some(unix_us() - start_us),
+            Action::KillRedis if data_lost_at.is_none() => {
+                data_lost_at = Some(unix_us() - start_us)
+            }
             _ => {}
         }
     }
