@@ -28,6 +28,11 @@
 -- Numbers passed to redis.call are formatted with string.format: Redis turns a
 -- bare Lua number into a string with %.14g, which loses digits of 16-digit
 -- microsecond timestamps.
+--
+-- Example (redis-cli; <sha> is the SHA1 of the joined script): 10 per minute
+-- by GCRA for user-1, server time, cost 1, on an empty key:
+--   EVALSHA <sha> 1 tl:{user-1}:api:g60000000x10 0 1 42 1 10 60000000 10 0
+--   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
 
 local CHECKS = {
   gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,

@@ -15,6 +15,10 @@
 -- a new window with c = 0. A request of `cost` is admitted iff c + cost <=
 -- limit. Retry-after and reset-after are both the time to the window's end,
 -- which is also when the key expires.
+--
+-- Example: on an empty key 15 s into a natural hour (offset 0),
+-- fixed_window_check(key, now, 1, 10, 3600000000, 10, 0) returns true, 9,
+-- 3585000000, 0, {w, 1, 3585000000}, 0: 9 left until the hour ends.
 
 local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
   local cur = math.floor((now + offset) / period)

@@ -23,6 +23,10 @@
 -- GCRA_SLACK_US (one nanosecond): a decision can differ from exact rational
 -- arithmetic only when a unit becomes free within a nanosecond of a whole
 -- microsecond, and then it moves by that one microsecond at most.
+--
+-- Example: on an empty key, gcra_check(key, now, 1, 10, 60000000, 10) (10 per
+-- minute, cost 1) returns true, 9, 6000000, 0, 6000000, 0: admitted, 9 left,
+-- full again in 6 s.
 
 local GCRA_SLACK_US = 1e-3
 

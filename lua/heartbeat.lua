@@ -11,6 +11,9 @@
 --
 -- Expired ids are removed on every call, and the set itself expires with its
 -- longest-lived member, so a group whose instances all stopped leaves nothing.
+--
+-- Example: EVALSHA <sha> 1 tl:{instances}:default 0 9f3c-412 3000000 -> 3
+-- (three instances have beaten within their TTL).
 
 local now = tonumber(ARGV[1])
 if now == 0 then

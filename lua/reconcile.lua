@@ -35,6 +35,11 @@
 --   sliding window counter / fixed window: the units are added to the counter
 --     of the window they fell in (current or, for the sliding counter, the
 --     previous one), capped at `limit`.
+--
+-- Example: 3 units of a 10-per-minute GCRA rule admitted locally, batch b1:
+--   EVALSHA <sha> 2 tl:{u}:api:g60000000x10 tl:{u}:api:g60000000x10:rc:b1
+--     0 1 10 60000000 10 0 3 <first_us> <last_us> 120000 b1
+--   -> 1) 1  2) 3     (the same call again -> 1) 0  2) 0)
 
 local key, marker = KEYS[1], KEYS[2]
 if redis.call('EXISTS', marker) == 1 then

@@ -16,6 +16,10 @@
 -- "<now>:<nonce>:<j>", unique even when many requests share a microsecond.
 -- The check only reads (ZCOUNT); the commit prunes what has left the window,
 -- adds the units and sets the TTL to when the newest unit leaves.
+--
+-- Example: on an empty key, sliding_log_check(key, now, 1, 10, 60000000)
+-- returns true, 9, 60000000, 0, {60000000, now}, 0: admitted, 9 left, the unit
+-- leaves the log in 60 s.
 
 -- Members per ZADD, far below Lua's limit on unpack()ed arguments.
 local SLIDING_LOG_BATCH = 500

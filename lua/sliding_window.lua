@@ -29,6 +29,10 @@
 -- the long-run rate is at most one unit per window under the configured one.
 -- The key expires when its current window stops
 -- mattering: at the end of the next window (2 * period - elapsed).
+--
+-- Example: on an empty key 15 s into a minute window,
+-- sliding_window_check(key, now, 1, 10, 60000000) returns true, 9, 105000000, 0,
+-- {w, 1, 0, 105000000}, 0.
 
 local SW_SLACK = 1e-9
 

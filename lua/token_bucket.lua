@@ -17,6 +17,10 @@
 -- Tokens are doubles. Comparisons allow TB_SLACK tokens for their rounding
 -- (the error of one refill is about 1e-16 of the capacity); the stored count
 -- is never rounded in our favour, so the slack cannot accumulate.
+--
+-- Example: on an empty key, token_bucket_check(key, now, 1, 10, 60000000, 10)
+-- returns true, 9, 6000000, 0, {9, now, 6000000}, 0: one token taken, 9 left,
+-- full again in 6 s.
 
 local TB_SLACK = 1e-9
 

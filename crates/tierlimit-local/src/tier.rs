@@ -356,7 +356,7 @@ impl LocalTier {
         self.denials.retain(|_, d| d.until_us > now);
         self.warm.retain(|_, w| w.expires_us > now);
         metrics::gauge!("tierlimit_local_keys").set(self.buckets.len() as f64);
-        metrics::gauge!("tierlimit_ledger_entries").set(self.ledger.len() as f64);
+        self.ledger.publish_gauges();
     }
 
     /// Number of local buckets.

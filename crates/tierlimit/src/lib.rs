@@ -17,6 +17,28 @@
 //! (probe, heartbeat, pruning) and the reconciler that writes what was admitted
 //! locally during an outage back to Redis.
 //!
+//! # Metrics
+//!
+//! Through the [`metrics`](https://docs.rs/metrics) facade (install any
+//! recorder; none is forced), never labelled by key:
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `tierlimit_decisions_total` | counter | `tier`, `outcome` (allowed, denied) |
+//! | `tierlimit_redis_call_seconds` | histogram | |
+//! | `tierlimit_breaker_state` | gauge (0 closed, 1 open, 2 half-open) | |
+//! | `tierlimit_breaker_transitions_total` | counter | `from`, `to` |
+//! | `tierlimit_deny_cache_hits_total` | counter | |
+//! | `tierlimit_local_keys` | gauge | |
+//! | `tierlimit_local_keys_refused_total` | counter | |
+//! | `tierlimit_instances` | gauge | |
+//! | `tierlimit_ledger_entries`, `tierlimit_ledger_units` | gauge | |
+//! | `tierlimit_ledger_dropped_units_total` | counter | `reason` (expired, overflow) |
+//! | `tierlimit_reconciled_units_total` | counter | |
+//! | `tierlimit_reconcile_batches_retried_total` | counter | |
+//!
+//! Breaker transitions and reconcile drains are also `tracing` events.
+//!
 //! # Examples
 //!
 //! ```no_run

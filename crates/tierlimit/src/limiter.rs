@@ -42,6 +42,7 @@ pub struct HybridLimiterBuilder {
     instances: Instances,
     group: String,
     heartbeat_every: Duration,
+    instance_ttl: Duration,
     prune_every: Duration,
     breaker: BreakerConfig,
     local: LocalConfig,
@@ -99,9 +100,22 @@ impl HybridLimiterBuilder {
     }
 
     /// How often the instance count is refreshed while Redis is healthy
-    /// (default 1 s; an instance is forgotten after three missed beats).
+    /// (default 1 s).
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
         self.heartbeat_every = every;
+        self
+    }
+
+    /// How long an instance stays counted after its last heartbeat (default
+    /// 30 s, at least twice `heartbeat_every`).
+    ///
+    /// An instance whose breaker is open cannot beat, yet it still admits its
+    /// share locally; with a short TTL the instances that still reach Redis
+    /// would count it gone during a partial outage or while Redis flaps, and
+    /// widen their own shares. A long TTL errs the safe way: after a real
+    /// scale-down, shares stay smaller for up to the TTL.
+    pub fn instance_ttl(mut self, ttl: Duration) -> Self {
+        self.instance_ttl = ttl;
         self
     }
 
@@ -158,6 +172,11 @@ impl HybridLimiterBuilder {
         if self.heartbeat_every.is_zero() || self.prune_every.is_zero() {
             return Err(invalid("heartbeat_every and prune_every must not be zero"));
         }
+        if self.instance_ttl < self.heartbeat_every * 2 {
+            return Err(invalid(
+                "instance_ttl must be at least twice heartbeat_every",
+            ));
+        }
         // The group name becomes part of a Redis key: hold it to the rule set name rules.
         let group = RuleSet::new(self.group, [Rule::per_second(1)?])
             .map_err(|_| invalid("group must be 1 to 64 characters from [A-Za-z0-9_.-]"))?
@@ -192,6 +211,7 @@ impl HybridLimiterBuilder {
             heartbeat_key: format!("tl:{{instances}}:{group}"),
             instance_id,
             heartbeat_every: self.heartbeat_every,
+            instance_ttl: self.instance_ttl,
             prune_every: self.prune_every,
             wake: Notify::new(),
             drain_wake: Arc::new(Notify::new()),
@@ -216,6 +236,7 @@ pub(crate) struct Inner {
     pub(crate) heartbeat_key: String,
     pub(crate) instance_id: String,
     pub(crate) heartbeat_every: Duration,
+    pub(crate) instance_ttl: Duration,
     pub(crate) prune_every: Duration,
     /// Wakes the prober when the breaker opens.
     pub(crate) wake: Notify,
@@ -279,6 +300,7 @@ impl HybridLimiter {
             instances: Instances::Learned { initial: 1 },
             group: "default".into(),
             heartbeat_every: Duration::from_secs(1),
+            instance_ttl: Duration::from_secs(30),
             prune_every: Duration::from_secs(10),
             breaker: BreakerConfig::default(),
             local: LocalConfig::default(),

@@ -248,5 +248,5 @@ async fn drain(inner: &Arc<Inner>) {
             "reconciled the outage ledger"
         );
     }
-    metrics::gauge!("tierlimit_ledger_entries").set(inner.local.ledger().len() as f64);
+    inner.local.ledger().publish_gauges();
 }

@@ -78,7 +78,7 @@ async fn beat(inner: &Inner) {
     if !inner.learn_instances || inner.breaker.state() != BreakerState::Closed {
         return;
     }
-    let ttl = inner.heartbeat_every * 3;
+    let ttl = inner.instance_ttl;
     match inner
         .redis
         .heartbeat(&inner.heartbeat_key, &inner.instance_id, ttl)

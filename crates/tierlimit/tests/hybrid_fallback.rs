@@ -124,6 +124,40 @@ async fn three_instances_share_the_limit_during_an_outage() {
     }
 }
 
+/// Regression: during a partial outage (one instance cut off from Redis while
+/// the others still reach it) the others kept counting only themselves once the
+/// cut-off instance's heartbeat expired (three beats), and widened their shares:
+/// in the docker chaos run under -OOM the fleet admitted 48 per window where
+/// the bound is 43. An instance is now counted for `instance_ttl` (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_from_redis_still_counts_for_the_others() {
+    let server = RedisServer::start();
+    let proxy = tierlimit_test::FaultProxy::start(server.addr()).await;
+    let mut limiters = Vec::new();
+    for url in [server.url(), server.url(), proxy.url()] {
+        let b = builder(&url).instances(Instances::Learned { initial: 1 });
+        limiters.push(healthy(b).await);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || limiters
+            .iter()
+            .all(|l| l.instances() == 3))
+        .await
+    );
+    proxy.set(tierlimit_test::Fault::Blackhole);
+    let trip_set = RuleSet::new("t", [Rule::per_second(1_000).expect("valid")]).expect("valid");
+    support::trip(&limiters[2], &trip_set).await;
+    // Ten heartbeats of the others (100 ms each) without a beat from the third.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts: Vec<u64> = limiters.iter().map(|l| l.instances()).collect();
+    proxy.set(tierlimit_test::Fault::None);
+    assert_eq!(
+        counts[..2],
+        [3, 3],
+        "the reachable instances forgot the cut-off one"
+    );
+}
+
 /// Acceptance 6: a key that had used 90 of 100 per hour in Redis gets at most the
 /// remaining 10 locally after the breaker opens, not a fresh 100.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,7 +136,10 @@ pub async fn trip(limiter: &HybridLimiter, set: &RuleSet) {
 /// Waits until the breaker closed again and the outage ledger is drained;
 /// panics after `timeout`.
 pub async fn drained(limiter: &HybridLimiter, timeout: Duration) {
-    assert!(limiter.wait_closed(timeout).await, "the breaker did not close within {timeout:?}");
+    assert!(
+        limiter.wait_closed(timeout).await,
+        "the breaker did not close within {timeout:?}"
+    );
     assert!(
         wait_for(timeout, || limiter.reconcile_stats().pending_units == 0).await,
         "the ledger did not drain within {timeout:?}: {:?}",
