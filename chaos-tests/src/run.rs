@@ -3,11 +3,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tierlimit_core::escape_key;
+use tierlimit_test::MemoryFiller;
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, Driver};
@@ -115,63 +114,6 @@ impl Tail {
     }
 }
 
-/// Keeps Redis full until stopped: fills until even a tiny write answers
-/// `-OOM`, then keeps topping up what expiring keys free, so the apps' writes
-/// keep failing for the whole fault.
-fn fill_memory(
-    url: &str,
-    stop: Arc<AtomicBool>,
-) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .map_err(|e| e.to_string())?;
-    let mut i = 0u64;
-    let mut fill = move |sizes: &[usize]| -> Result<(), String> {
-        for &size in sizes {
-            let blob = "x".repeat(size);
-            loop {
-                i += 1;
-                match redis::cmd("SET")
-                    .arg(format!("filler:{i}"))
-                    .arg(&blob)
-                    .query::<()>(&mut conn)
-                {
-                    Ok(()) => {}
-                    Err(e) if e.code() == Some("OOM") => break,
-                    Err(e) => return Err(format!("filling memory: {e}")),
-                }
-            }
-        }
-        Ok(())
-    };
-    fill(&[64 * 1024, 4 * 1024, 256, 16])?;
-    Ok(std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            fill(&[256, 16])?;
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
-    }))
-}
-
-/// Deletes the filler keys (the apps' keys stay).
-fn free_memory(url: &str) -> Result<(), String> {
-    let mut conn = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .map_err(|e| e.to_string())?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("filler:*")
-        .query(&mut conn)
-        .map_err(|e| e.to_string())?;
-    for chunk in keys.chunks(500) {
-        redis::cmd("DEL")
-            .arg(chunk)
-            .query::<()>(&mut conn)
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
 /// Runs one scenario; `progress` gets a line about once a second.
 pub fn run_scenario(
     driver: &mut dyn Driver,
@@ -243,12 +185,8 @@ fn run_inner(
     // Set when the kill has surely landed: once `act` returns (a `docker kill`
     // lands tens of ms after it is asked for; Redis admits until then).
     let mut data_lost_at = None;
-    let stop_filling = Arc::new(AtomicBool::new(false));
     let filler = match sc.oom {
-        Some(_) => Some(fill_memory(
-            &driver.controller_url()?,
-            stop_filling.clone(),
-        )?),
+        Some(_) => Some(MemoryFiller::start(&driver.controller_url()?)?),
         None => None,
     };
     let mut steps = sc.fault.clone();
@@ -280,11 +218,7 @@ fn run_inner(
         driver.act(*action)?;
     }
     if let Some(filler) = filler {
-        stop_filling.store(true, Ordering::Relaxed);
-        filler
-            .join()
-            .map_err(|_| "the memory filler panicked".to_string())??;
-        free_memory(&driver.controller_url()?)?;
+        filler.stop()?;
     }
     let healed_at = unix_us() - start_us;
     if let Some(app) = sc.kill_app_after_close {

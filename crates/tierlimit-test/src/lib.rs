@@ -4,14 +4,17 @@
 //!   port, with helpers to kill, restart, pause and inspect it.
 //! - [`FaultProxy`]: an in-process TCP proxy in front of a server that can add
 //!   latency, hang, refuse, reset or drop replies, switchable at run time.
+//! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
 //! - [`Load`]: concurrent checks with every decision and latency recorded.
 //!
 //! Everything here panics with a clear message on failure: it is meant for tests.
 
+mod filler;
 mod load;
 mod proxy;
 mod server;
 
+pub use filler::MemoryFiller;
 pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};
 pub use server::RedisServer;

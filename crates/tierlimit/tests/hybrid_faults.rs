@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use support::{DEADLINE, StateLog, builder, healthy, wait_for};
 use tierlimit::{Algorithm, BreakerState, Policy, Rule, RuleSet, Tier};
-use tierlimit_test::{Fault, FaultProxy, Load, RedisServer, quantile};
+use tierlimit_test::{Fault, FaultProxy, Load, MemoryFiller, RedisServer, quantile};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -107,12 +107,13 @@ async fn scenario(kind: Kind) {
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let fault_at = load.elapsed();
+    let mut filler = None;
     match kind {
         Kind::Kill9 => server.kill9(),
         Kind::Hang => server.pause(),
         Kind::RestartEmpty => server.restart(),
         Kind::ScriptFlush => server.script_flush().await,
-        Kind::Oom => fill_memory(&server).await,
+        Kind::Oom => filler = Some(MemoryFiller::start(&server.url()).expect("fill memory")),
         Kind::LatencyBelow => proxy.set(Fault::Latency(Duration::from_millis(8))),
         Kind::LatencyAbove => proxy.set(Fault::Latency(DEADLINE)),
         Kind::Blackhole => proxy.set(Fault::Blackhole),
@@ -146,7 +147,7 @@ async fn scenario(kind: Kind) {
     let until_probe = limiter.breaker().time_until_probe().unwrap_or_default();
     match kind {
         Kind::Hang => server.resume(),
-        Kind::Oom => server.flushall().await,
+        Kind::Oom => filler.take().expect("filling").stop().expect("free memory"),
         Kind::RestartEmpty | Kind::ScriptFlush => {}
         _ => proxy.set(Fault::None),
     }
@@ -263,30 +264,6 @@ async fn scenario(kind: Kind) {
         by(2).any(|s| s.allowed()),
         "{kind:?}: LocalFallback admitted nothing"
     );
-}
-
-/// Fills a `noeviction` server until even a tiny write fails with `-OOM`:
-/// large values first, then smaller ones into what is left.
-async fn fill_memory(server: &RedisServer) {
-    let mut conn = server.conn().await;
-    let mut i = 0u64;
-    for size in [64 * 1024, 4 * 1024, 256, 16] {
-        let blob = "x".repeat(size);
-        loop {
-            i += 1;
-            assert!(i < 100_000, "the server never ran out of memory");
-            let r: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(format!("filler:{i}"))
-                .arg(&blob)
-                .query_async(&mut conn)
-                .await;
-            match r {
-                Ok(()) => {}
-                Err(e) if e.code() == Some("OOM") => break,
-                Err(e) => panic!("unexpected error filling memory: {e}"),
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
