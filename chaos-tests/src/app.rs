@@ -57,9 +57,11 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
     );
     let file = std::fs::File::create(&plan.out)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-    let writer = tokio::spawn(async move {
+    // A thread of its own: file writes must never hold up the runtime's one
+    // worker, whose stalls would show up as decision latency.
+    let writer = std::thread::spawn(move || {
         let mut out = std::io::BufWriter::new(file);
-        while let Some(line) = rx.recv().await {
+        while let Some(line) = rx.blocking_recv() {
             let _ = writeln!(out, "{line}");
             // Everything queued goes out in one write; nothing waits for a timer.
             while let Ok(line) = rx.try_recv() {
@@ -157,6 +159,6 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
         limiter.instances()
     ));
     drop(tx);
-    let _ = writer.await;
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     Ok(())
 }
