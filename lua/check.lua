@@ -1,7 +1,7 @@
 -- check.lua: checks one request against every rule of a rule set, all or nothing.
 --
--- The main body of the check script. The Rust side prepends the algorithm
--- files (gcra.lua, token_bucket.lua, sliding_log.lua, sliding_window.lua,
+-- The main body of the check script. The Rust side prepends common.lua and
+-- the algorithm files (gcra.lua, token_bucket.lua, sliding_log.lua, sliding_window.lua,
 -- fixed_window.lua), which define <alg>_check and <alg>_commit.
 --
 -- KEYS[i]  storage key of rule i: tl:{<escaped user key>}:<set>:<rule id>
@@ -46,11 +46,7 @@ if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
 end
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+local now = script_now(ARGV[1])
 local cost = tonumber(ARGV[2])
 local nonce = ARGV[3]
 

@@ -1,7 +1,7 @@
 -- fixed_window.lua: a fixed window counter, one rule; with a UTC offset and a
 -- period of an hour or a day, the windows are natural (calendar) hours or days.
 --
--- A fragment of the check script (see check.lua), not a script of its own.
+-- A fragment of the check and reconcile scripts (see check.lua), not a script of its own.
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us, utc_offset_us
@@ -21,13 +21,7 @@
 -- 3585000000, 0, {w, 1, 3585000000}, 0: 9 left until the hour ends.
 
 local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
-  local cur = math.floor((now + offset) / period)
-  local state = redis.call('HMGET', key, 'w', 'c')
-  local w, c = tonumber(state[1]), tonumber(state[2]) or 0
-  if w == nil or w < cur then
-    w, c = cur, 0
-  end
-  -- w > cur only when a client clock lags the last writer's: keep counting in w.
+  local w, c = window_load(key, math.floor((now + offset) / period), false)
   local left = (w + 1) * period - offset - now
   local reset_now = 0
   if c > 0 then
@@ -40,6 +34,5 @@ local function fixed_window_check(key, now, cost, limit, period, capacity, offse
 end
 
 local function fixed_window_commit(key, now, cost, nonce, state)
-  redis.call('HSET', key, 'w', string.format('%d', state[1]), 'c', string.format('%d', state[2]))
-  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[3] / 1000))))
+  window_store(key, state[1], state[2], nil, state[3])
 end

@@ -1,6 +1,6 @@
 -- gcra.lua: the generic cell rate algorithm (GCRA), one rule.
 --
--- A fragment of the check script (see check.lua), not a script of its own.
+-- A fragment of the check and reconcile scripts (see check.lua), not a script of its own.
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
@@ -30,18 +30,34 @@
 
 local GCRA_SLACK_US = 1e-3
 
-local function gcra_check(key, now, cost, limit, period, capacity)
-  local t = period / limit
-  local tau = capacity * t
-  -- rel = TAT - now, never negative: a TAT in the past means a full bucket.
-  local rel = 0
+-- The stored TAT relative to now (negative when it has passed), or nil when
+-- the key holds none. Shared with reconcile.lua.
+local function gcra_load(key, now)
   local stored = redis.call('GET', key)
   if stored then
     local whole, frac = string.match(stored, '^(%d+)(%.?%d*)$')
     if whole then
-      rel = math.max(0, tonumber(whole) - now + (tonumber(frac) or 0))
+      return tonumber(whole) - now + (tonumber(frac) or 0)
     end
   end
+  return nil
+end
+
+-- Stores TAT = now + rel (rel > 0), expiring when the bucket is full again.
+local function gcra_store(key, now, rel)
+  local whole = math.floor(rel)
+  -- '%.17f' never prints an exponent; drop its leading '0'.
+  local frac = string.sub(string.format('%.17f', rel - whole), 2)
+  local ttl_ms = math.max(1, math.ceil((rel - GCRA_SLACK_US) / 1000))
+  redis.call('SET', key, string.format('%d', now + whole) .. frac,
+    'PX', string.format('%d', ttl_ms))
+end
+
+local function gcra_check(key, now, cost, limit, period, capacity)
+  local t = period / limit
+  local tau = capacity * t
+  -- rel = TAT - now, never negative: a TAT in the past means a full bucket.
+  local rel = math.max(0, gcra_load(key, now) or 0)
   local new_rel = rel + cost * t
   local reset_now = math.max(0, math.ceil(rel - GCRA_SLACK_US))
   if new_rel <= tau + GCRA_SLACK_US then
@@ -60,10 +76,5 @@ local function gcra_check(key, now, cost, limit, period, capacity)
 end
 
 local function gcra_commit(key, now, cost, nonce, new_rel)
-  local whole = math.floor(new_rel)
-  -- '%.17f' never prints an exponent; drop its leading '0'.
-  local frac = string.sub(string.format('%.17f', new_rel - whole), 2)
-  local ttl_ms = math.max(1, math.ceil((new_rel - GCRA_SLACK_US) / 1000))
-  redis.call('SET', key, string.format('%d', now + whole) .. frac,
-    'PX', string.format('%d', ttl_ms))
+  gcra_store(key, now, new_rel)
 end

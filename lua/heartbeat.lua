@@ -1,5 +1,6 @@
 -- heartbeat.lua: records that one limiter instance is alive and counts the
 -- live ones, so each instance can size its local fallback to its share.
+-- The Rust side prepends common.lua (script_now).
 --
 -- KEYS[1]  a sorted set of instance ids scored by when they stop counting
 --          (µs since the Unix epoch).
@@ -15,11 +16,7 @@
 -- Example: EVALSHA <sha> 1 tl:{instances}:default 0 9f3c-412 3000000 -> 3
 -- (three instances have beaten within their TTL).
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+local now = script_now(ARGV[1])
 local ttl = tonumber(ARGV[3])
 if ttl == nil or ttl < 1 then
   return redis.error_reply('ERR tierlimit heartbeat: ttl_us must be a positive integer')

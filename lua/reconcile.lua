@@ -1,8 +1,9 @@
 -- reconcile.lua: writes units admitted locally during an outage back to one
 -- rule's key, as if those requests had gone to Redis. Idempotent per batch.
 --
--- A script of its own (not joined with the algorithm files); it reads and
--- writes the same state they do.
+-- The main body of the reconcile script: the Rust side prepends common.lua
+-- and the algorithm files, whose load and store functions it uses, so it reads
+-- and writes exactly the state the check does.
 --
 -- KEYS[1]  the rule's storage key: tl:{<escaped user key>}:<set>:<rule id>.
 -- KEYS[2]  the batch marker: KEYS[1] .. ':rc:' .. <batch id> (same hash tag,
@@ -46,25 +47,13 @@ if redis.call('EXISTS', marker) == 1 then
   return { 0, 0 }
 end
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+local now = script_now(ARGV[1])
 local code = tonumber(ARGV[2])
 local limit, period = tonumber(ARGV[3]), tonumber(ARGV[4])
 local capacity, offset = tonumber(ARGV[5]), tonumber(ARGV[6])
 local units = tonumber(ARGV[7])
 local first, last = tonumber(ARGV[8]), tonumber(ARGV[9])
 local marker_ttl, batch = ARGV[10], ARGV[11]
-
-local function int(x)
-  return string.format('%d', x)
-end
-
-local function ttl(key_, us)
-  redis.call('PEXPIRE', key_, int(math.max(1, math.ceil(us / 1000))))
-end
 
 -- GCRA and the token bucket share one rule: the arrival time (relative to now)
 -- after the units, capped at a full bucket's worth. `rel` is the stored arrival
@@ -79,47 +68,29 @@ end
 
 local status, applied = 1, units
 
-if (code == 1 or code == 2) and last + period <= now then
-  -- A full period has passed since the last of them: they can no longer matter.
-  status, applied = 2, 0
-elseif code == 1 then
-  local rel = nil
-  local stored = redis.call('GET', key)
-  if stored then
-    local whole, frac = string.match(stored, '^(%d+)(%.?%d*)$')
-    if whole then
-      rel = tonumber(whole) - now + (tonumber(frac) or 0)
-    end
-  end
-  local new_rel = debt_after(rel)
-  if new_rel <= 0 then
-    status, applied = 2, 0
-  else
-    local whole = math.floor(new_rel)
-    local frac = string.sub(string.format('%.17f', new_rel - whole), 2)
-    redis.call('SET', key, int(now + whole) .. frac, 'PX', int(math.max(1, math.ceil(new_rel / 1000))))
-  end
-elseif code == 2 then
+if code == 1 or code == 2 then
   local rate = limit / period
-  local rel = nil
-  local state = redis.call('HMGET', key, 'tokens', 'ts')
-  local have, at = tonumber(state[1]), tonumber(state[2])
-  if have and at then
-    local tokens = math.min(capacity, have + math.max(0, now - at) * rate)
+  local rel, ts = nil, now
+  if code == 1 then
+    rel = gcra_load(key, now)
+  else
+    local tokens
+    tokens, ts = token_bucket_load(key, now, limit, period, capacity)
     if tokens < capacity then
       rel = (capacity - tokens) / rate
     end
   end
   local new_rel = debt_after(rel)
-  if new_rel <= 0 then
+  if last + period <= now or new_rel <= 0 then
+    -- Nothing of them is left: a full period has passed, or they refilled.
     status, applied = 2, 0
+  elseif code == 1 then
+    gcra_store(key, now, new_rel)
   else
-    local left = capacity - new_rel * rate
-    redis.call('HSET', key, 'tokens', string.format('%.17g', math.max(0, left)), 'ts', int(now))
-    ttl(key, new_rel)
+    token_bucket_store(key, math.max(0, capacity - new_rel * rate), ts, (ts - now) + new_rel)
   end
 elseif code == 3 then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
   local room = limit - redis.call('ZCARD', key)
   applied = 0
   local newest = 0
@@ -132,7 +103,7 @@ elseif code == 3 then
       at = first + math.floor((last - first) * (j - 1) / (units - 1))
     end
     if at > now - period then
-      redis.call('ZADD', key, int(at), 'rc:' .. batch .. ':' .. j)
+      redis.call('ZADD', key, string.format('%d', at), 'rc:' .. batch .. ':' .. j)
       applied = applied + 1
       newest = math.max(newest, at)
     end
@@ -140,28 +111,20 @@ elseif code == 3 then
   if applied == 0 then
     status = 2
   else
-    local keep = math.max(redis.call('PTTL', key) * 1000, newest + period - now)
-    ttl(key, keep)
+    pexpire_us(key, math.max(redis.call('PTTL', key) * 1000, newest + period - now))
   end
 elseif code == 4 or code == 5 then
-  if code == 4 then
+  local sliding = code == 4
+  if sliding then
     offset = 0
   end
-  local cur = math.floor((now + offset) / period)
-  local ew = math.floor((last + offset) / period)
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w, c, p = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
-  if w == nil or w < cur - 1 then
-    w, c, p = cur, 0, 0
-  elseif w == cur - 1 then
-    w, c, p = cur, 0, c
-  end
+  local w, c, p = window_load(key, math.floor((now + offset) / period), sliding)
   -- A clock ahead of the server's can put the units in a window not begun here: count them now.
-  ew = math.min(ew, w)
+  local ew = math.min(math.floor((last + offset) / period), w)
   if ew == w then
     applied = math.min(units, math.max(0, limit - c))
     c = c + applied
-  elseif code == 4 and ew == w - 1 then
+  elseif sliding and ew == w - 1 then
     applied = math.min(units, math.max(0, limit - p))
     p = p + applied
   else
@@ -169,12 +132,10 @@ elseif code == 4 or code == 5 then
   end
   if status == 1 then
     local window_end = (w + 1) * period - offset - now
-    if code == 4 then
-      redis.call('HSET', key, 'w', int(w), 'c', int(c), 'p', int(p))
-      ttl(key, window_end + period)
+    if sliding then
+      window_store(key, w, c, p, window_end + period)
     else
-      redis.call('HSET', key, 'w', int(w), 'c', int(c))
-      ttl(key, window_end)
+      window_store(key, w, c, nil, window_end)
     end
   end
 else

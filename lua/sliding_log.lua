@@ -1,6 +1,6 @@
 -- sliding_log.lua: a sliding window log, one rule.
 --
--- A fragment of the check script (see check.lua), not a script of its own.
+-- A fragment of the check and reconcile scripts (see check.lua), not a script of its own.
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the

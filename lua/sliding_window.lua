@@ -1,6 +1,6 @@
 -- sliding_window.lua: a sliding window counter (approximate), one rule.
 --
--- A fragment of the check script (see check.lua), not a script of its own.
+-- A fragment of the check and reconcile scripts (see check.lua), not a script of its own.
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the
@@ -37,15 +37,7 @@
 local SW_SLACK = 1e-9
 
 local function sliding_window_check(key, now, cost, limit, period)
-  local cur = math.floor(now / period)
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w, c, p = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
-  if w == nil or w < cur - 1 then
-    w, c, p = cur, 0, 0
-  elseif w == cur - 1 then
-    w, c, p = cur, 0, c
-  end
-  -- w > cur only when a client clock lags the last writer's: keep counting in w.
+  local w, c, p = window_load(key, math.floor(now / period), true)
   local elapsed = now - w * period
   if elapsed < 0 then
     elapsed = 0
@@ -76,9 +68,5 @@ local function sliding_window_check(key, now, cost, limit, period)
 end
 
 local function sliding_window_commit(key, now, cost, nonce, state)
-  redis.call('HSET', key,
-    'w', string.format('%d', state[1]),
-    'c', string.format('%d', state[2]),
-    'p', string.format('%d', state[3]))
-  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[4] / 1000))))
+  window_store(key, state[1], state[2], state[3], state[4])
 end

@@ -1,6 +1,6 @@
 -- token_bucket.lua: a token bucket, one rule.
 --
--- A fragment of the check script (see check.lua), not a script of its own.
+-- A fragment of the check and reconcile scripts (see check.lua), not a script of its own.
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
@@ -24,21 +24,30 @@
 
 local TB_SLACK = 1e-9
 
-local function token_bucket_check(key, now, cost, limit, period, capacity)
-  local tokens = capacity
-  local ts = now
+-- The tokens at now (refilled) and the time refill counts from (now, or a
+-- lagging writer's later ts). A missing key is a full bucket. Shared with
+-- reconcile.lua.
+local function token_bucket_load(key, now, limit, period, capacity)
   local state = redis.call('HMGET', key, 'tokens', 'ts')
   local have, at = tonumber(state[1]), tonumber(state[2])
-  if have and at then
-    tokens = have
-    if now > at then
-      -- Multiply before dividing: elapsed * limit is exact below 2^53.
-      tokens = math.min(capacity, have + (now - at) * limit / period)
-    else
-      -- A client clock behind the last writer's: no refill, keep its ts.
-      ts = at
-    end
+  if not (have and at) then
+    return capacity, now
   end
+  if now > at then
+    -- Multiply before dividing: elapsed * limit is exact below 2^53.
+    return math.min(capacity, have + (now - at) * limit / period), now
+  end
+  -- A client clock behind the last writer's: no refill, keep its ts.
+  return have, at
+end
+
+local function token_bucket_store(key, tokens, ts, ttl_us)
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'ts', string.format('%d', ts))
+  pexpire_us(key, ttl_us)
+end
+
+local function token_bucket_check(key, now, cost, limit, period, capacity)
+  local tokens, ts = token_bucket_load(key, now, limit, period, capacity)
   local reset_now = math.max(0, math.ceil((capacity - tokens) * period / limit - TB_SLACK))
   if tokens + TB_SLACK >= cost then
     -- Not clamped at 0: a shortfall within the slack is paid back by the next refill.
@@ -53,8 +62,5 @@ local function token_bucket_check(key, now, cost, limit, period, capacity)
 end
 
 local function token_bucket_commit(key, now, cost, nonce, state)
-  redis.call('HSET', key,
-    'tokens', string.format('%.17g', state[1]),
-    'ts', string.format('%d', state[2]))
-  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(state[3] / 1000))))
+  token_bucket_store(key, state[1], state[2], state[3])
 end

@@ -4,6 +4,23 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// `lua/common.lua` and the algorithm fragments, in front of a main body: the
+/// check and the reconcile script share one copy of each algorithm's state
+/// format (its load and store functions).
+macro_rules! with_algorithms {
+    ($main:literal) => {
+        concat!(
+            include_str!("../lua/common.lua"),
+            include_str!("../lua/gcra.lua"),
+            include_str!("../lua/token_bucket.lua"),
+            include_str!("../lua/sliding_log.lua"),
+            include_str!("../lua/sliding_window.lua"),
+            include_str!("../lua/fixed_window.lua"),
+            include_str!($main),
+        )
+    };
+}
+
 /// `lua/gcra.lua`: the GCRA fragment of [`CHECK`] (`gcra_check`, `gcra_commit`).
 ///
 /// # Examples
@@ -57,7 +74,7 @@ pub const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
 /// ```
 pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 
-/// The whole check script: the algorithm fragments followed by `lua/check.lua`,
+/// The whole check script: `lua/common.lua` and the algorithm fragments followed by `lua/check.lua`,
 /// its main body, whose header states the protocol (KEYS, ARGV, reply).
 ///
 /// # Examples
@@ -67,14 +84,7 @@ pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 /// let src = tierlimit_redis::CHECK_SOURCE;
 /// assert!(src.find("local function gcra_check").unwrap() < src.find("local CHECKS").unwrap());
 /// ```
-pub const CHECK_SOURCE: &str = concat!(
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/token_bucket.lua"),
-    include_str!("../lua/sliding_log.lua"),
-    include_str!("../lua/sliding_window.lua"),
-    include_str!("../lua/fixed_window.lua"),
-    include_str!("../lua/check.lua"),
-);
+pub const CHECK_SOURCE: &str = with_algorithms!("../lua/check.lua");
 
 /// The check script ([`CHECK_SOURCE`]), ready for `EVALSHA`: one call checks a
 /// request against every rule of a rule set and commits it only if all admit.
@@ -114,8 +124,12 @@ pub static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SOURCE))
 /// assert!(alive >= 1);
 /// # Ok(()) }
 /// ```
-pub static HEARTBEAT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/heartbeat.lua")));
+pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/common.lua"),
+        include_str!("../lua/heartbeat.lua")
+    ))
+});
 
 /// `lua/reconcile.lua`: writes units admitted locally during an outage back to
 /// one rule's key, once per batch id (see
@@ -139,4 +153,4 @@ pub static HEARTBEAT: LazyLock<Script> =
 /// # Ok(()) }
 /// ```
 pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/reconcile.lua")));
+    LazyLock::new(|| Script::new(with_algorithms!("../lua/reconcile.lua")));
