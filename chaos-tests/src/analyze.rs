@@ -415,6 +415,13 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                 .last()
                 .map(|(_, s, d)| (s.as_str(), *d))
                 .unwrap_or(("closed", None));
+            // A probe that started up to one deadline before the heal (the log
+            // is polled, so up to 5 ms after it) may have been sent into the
+            // fault: it can still fail, like one logged as in flight.
+            let probe_in_flight = log.states.iter().any(|(at, s, _)| {
+                s == "half_open" && *at + deadline_us > tl.healed_at && *at <= tl.healed_at + margin
+            });
+            let state = if probe_in_flight { "half_open" } else { state };
             let limit = match state {
                 "open" => due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us,
                 // A probe in flight may still fail: then one more cool-down and probe.
