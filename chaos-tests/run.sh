@@ -36,10 +36,10 @@ case "$driver" in
 
     docker)
         # Images: CHAOS_IMAGES=local (the default) builds them from this
-        # machine's redis-server and chaos-app (images/build.sh; no registry
-        # needed). CHAOS_IMAGES=registry uses CHAOS_REDIS_IMAGE and
-        # CHAOS_APP_IMAGE as set, or the compose file's defaults (redis:7.4,
-        # rust:1.88 building chaos-app from this workspace).
+        # machine's redis-server, chaos-app and chaos-proxy (images/build.sh;
+        # no registry needed). CHAOS_IMAGES=registry uses CHAOS_REDIS_IMAGE
+        # and CHAOS_APP_IMAGE as set, or the compose file's defaults
+        # (redis:7.4, rust:1.88 building both programs from this workspace).
         command -v docker >/dev/null || { echo "run.sh: docker is not installed" >&2; exit 2; }
         docker info >/dev/null 2>&1 || { echo "run.sh: the docker engine does not answer (docker info)" >&2; exit 2; }
         if [ -z "${CHAOS_COMPOSE:-}" ]; then
@@ -92,11 +92,11 @@ case "$driver" in
                 export CHAOS_PULL_POLICY=${CHAOS_PULL_POLICY:-if_not_present}
                 # Compose pulls a missing image itself (here, and for Redis
                 # when the first scenario starts). A builder image compiles
-                # chaos-app in each app container: compile once now into the
-                # shared cache so no scenario's containers spend their lead
-                # time on it.
+                # chaos-app and chaos-proxy in each app and proxy container:
+                # compile once now into the shared cache so no scenario's
+                # containers spend their lead time on it.
                 compose=($CHAOS_COMPOSE -f "$here/docker-compose.yml" -p "${CHAOS_PROJECT}x0")
-                echo "run.sh: building chaos-app in $CHAOS_APP_IMAGE (once; cached in target/chaos-docker)" >&2
+                echo "run.sh: building chaos-app and chaos-proxy in $CHAOS_APP_IMAGE (once; cached in target/chaos-docker)" >&2
                 CHAOS_DIR=$(mktemp -d) "${compose[@]}" run --rm --no-deps app0 --build-only
                 "${compose[@]}" down -v --remove-orphans -t 1 >/dev/null 2>&1
                 ;;

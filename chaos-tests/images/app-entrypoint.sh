@@ -1,22 +1,35 @@
 #!/bin/sh
-# Entrypoint of the app containers: `app-entrypoint.sh /chaos/<plan>.json`.
+# Entrypoint of the proxy and app containers:
+#   app-entrypoint.sh chaos-app /chaos/<plan>.json
+#   app-entrypoint.sh chaos-proxy --listen .. --upstream .. --control ..
+#   app-entrypoint.sh --build-only
 #
-# * In the local image (images/build.sh) chaos-app is on PATH: run it.
+# * In the local image (images/build.sh) both programs are on PATH: run one.
 # * In an official Rust image (CHAOS_APP_IMAGE=rust:1.88, the compose default)
-#   build chaos-app from the workspace mounted read-only at $CHAOS_SRC first.
+#   build them from the workspace mounted read-only at $CHAOS_SRC first.
 #   The target directory and cargo's registry live in a bind-mounted cache, so
 #   only the first container builds for real; run.sh builds once before the
 #   suite (`app-entrypoint.sh --build-only`) so no scenario waits for it.
 # Plain POSIX sh: the local image's /bin/sh is dash.
 set -eu
 
-if command -v chaos-app >/dev/null 2>&1; then
-    [ "${1:-}" = --build-only ] && exit 0
-    exec chaos-app "$@"
+prog=${1:-}
+case "$prog" in
+    chaos-app | chaos-proxy | --build-only) ;;
+    *)
+        echo "app-entrypoint: usage: app-entrypoint.sh chaos-app|chaos-proxy ARGS.. | --build-only" >&2
+        exit 2
+        ;;
+esac
+shift
+
+if command -v chaos-app >/dev/null 2>&1 && command -v chaos-proxy >/dev/null 2>&1; then
+    [ "$prog" = --build-only ] && exit 0
+    exec "$prog" "$@"
 fi
 
 command -v cargo >/dev/null 2>&1 || {
-    echo "app-entrypoint: neither chaos-app nor cargo is on PATH in this image" >&2
+    echo "app-entrypoint: neither chaos-app and chaos-proxy nor cargo is on PATH in this image" >&2
     exit 127
 }
 src=${CHAOS_SRC:-/src}
@@ -34,9 +47,10 @@ if [ -n "${CARGO_HOME:-}" ] && [ ! -L "$CARGO_HOME/registry" ] && [ -w "$CARGO_H
 fi
 # Containers start together: cargo's lock on the target directory makes the
 # others wait for the first build and then find it fresh.
-cargo build --release --locked --manifest-path "$src/Cargo.toml" -p chaos-tests --bin chaos-app >&2
+cargo build --release --locked --manifest-path "$src/Cargo.toml" -p chaos-tests \
+    --bin chaos-app --bin chaos-proxy >&2
 
-if [ "${1:-}" = --build-only ]; then
+if [ "$prog" = --build-only ]; then
     exit 0
 fi
-exec "$CARGO_TARGET_DIR/release/chaos-app" "$@"
+exec "$CARGO_TARGET_DIR/release/$prog" "$@"

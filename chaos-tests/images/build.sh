@@ -3,7 +3,8 @@
 # registry and no Dockerfile (a `FROM` or `# syntax=` line would pull):
 #
 #   tierlimit-chaos-redis:local  the host's redis-server + the libraries ldd lists
-#   tierlimit-chaos-app:local    the release chaos-app + /bin/sh + their libraries
+#   tierlimit-chaos-app:local    the release chaos-app and chaos-proxy + /bin/sh +
+#                                their libraries (the app and proxy containers)
 #
 # Each rootfs is packed as a reproducible tar and imported with `docker import`.
 # The tar's sha256 is stored in a label; when the image with that tag already
@@ -14,8 +15,9 @@
 #   CHAOS_LOCAL_REDIS_IMAGE  tag of the Redis image  (tierlimit-chaos-redis:local)
 #   CHAOS_LOCAL_APP_IMAGE    tag of the app image    (tierlimit-chaos-app:local)
 #   CHAOS_REDIS_SERVER       redis-server to package (the one on PATH)
-#   CHAOS_APP_BIN            a chaos-app binary to package instead of running
-#                            `cargo build --release -p chaos-tests --bin chaos-app`
+#   CHAOS_BIN_DIR            a directory with chaos-app and chaos-proxy to package
+#                            instead of running `cargo build --release -p
+#                            chaos-tests --bin chaos-app --bin chaos-proxy`
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,16 +47,18 @@ redis_server=${CHAOS_REDIS_SERVER:-$(command -v redis-server || true)}
     die "redis-server not found: install it (apt-get install redis-server) or set CHAOS_REDIS_SERVER"
 shell=$(readlink -f /bin/sh)
 
-if [ -n "${CHAOS_APP_BIN:-}" ]; then
-    app_bin=$CHAOS_APP_BIN
+if [ -n "${CHAOS_BIN_DIR:-}" ]; then
+    bin_dir=$CHAOS_BIN_DIR
 else
-    echo "build.sh: cargo build --release -p chaos-tests --bin chaos-app" >&2
-    (cd "$root" && cargo build --release -p chaos-tests --bin chaos-app) >&2
+    echo "build.sh: cargo build --release -p chaos-tests --bin chaos-app --bin chaos-proxy" >&2
+    (cd "$root" && cargo build --release -p chaos-tests --bin chaos-app --bin chaos-proxy) >&2
     target=${CARGO_TARGET_DIR:-$root/target}
     case "$target" in /*) ;; *) target=$root/$target ;; esac
-    app_bin=$target/release/chaos-app
+    bin_dir=$target/release
 fi
-[ -x "$app_bin" ] || die "chaos-app binary not found at $app_bin"
+for bin in chaos-app chaos-proxy; do
+    [ -x "$bin_dir/$bin" ] || die "$bin not found in $bin_dir"
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tierlimit-chaos-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -136,17 +140,19 @@ import "$r" "$redis_tag" "$("$redis_server" --version | cut -d' ' -f1-3) from $r
     --change 'EXPOSE 6379' \
     --change 'CMD ["redis-server", "--save", "", "--appendonly", "no", "--protected-mode", "no"]'
 
-# The app. /bin/sh runs images/app-entrypoint.sh, the entrypoint compose uses
-# for this image and for an official Rust image alike.
+# The app and the proxy. /bin/sh runs images/app-entrypoint.sh, the entrypoint
+# compose uses for this image and for an official Rust image alike.
 a=$work/app
 base "$a"
-put "$a" "$app_bin" /usr/local/bin/chaos-app 0755
-put_libs "$a" "$app_bin"
+for bin in chaos-app chaos-proxy; do
+    put "$a" "$bin_dir/$bin" /usr/local/bin/$bin 0755
+    put_libs "$a" "$bin_dir/$bin"
+done
 mkdir -p "$a/bin"
 put "$a" "$shell" /bin/sh 0755
 put_libs "$a" "$shell"
 put "$a" "$here/app-entrypoint.sh" /usr/local/bin/chaos-app-entrypoint 0755
-import "$a" "$app_tag" "chaos-app from $app_bin" \
+import "$a" "$app_tag" "chaos-app and chaos-proxy from $bin_dir" \
     --change "$env_path" \
     --change 'WORKDIR /chaos' \
     --change 'ENTRYPOINT ["/bin/sh", "/usr/local/bin/chaos-app-entrypoint"]'

@@ -415,23 +415,23 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                 .last()
                 .map(|(_, s, d)| (s.as_str(), *d))
                 .unwrap_or(("closed", None));
-            // A probe that started up to one deadline before the heal (the log
-            // is polled, so up to 5 ms after it) may have been sent into the
-            // fault: it can still fail, like one logged as in flight.
-            let probe_in_flight = log.states.iter().any(|(at, s, _)| {
-                s == "half_open" && *at + deadline_us > tl.healed_at && *at <= tl.healed_at + margin
-            });
             if state == "closed" {
                 // Closed again before the heal was recorded: a docker action
                 // lands before its command returns, so Redis was back earlier.
                 recover_ms = Some(recover_ms.unwrap_or(0.0));
                 continue;
             }
-            let state = if probe_in_flight { "half_open" } else { state };
-            let limit = match state {
-                "open" => due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us,
+            // A probe that started up to one deadline before the heal (the log
+            // is polled, so up to 5 ms after it) may have been sent into the
+            // fault: it can still fail, like one logged as in flight.
+            let probe_in_flight = log.states.iter().any(|(at, s, _)| {
+                s == "half_open" && *at + deadline_us > tl.healed_at && *at <= tl.healed_at + margin
+            });
+            let limit = if state == "open" && !probe_in_flight {
+                due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us
+            } else {
                 // A probe in flight may still fail: then one more cool-down and probe.
-                _ => tl.healed_at + 2 * deadline_us + ctx.max_cool_down_ms * 1_000,
+                tl.healed_at + 2 * deadline_us + ctx.max_cool_down_ms * 1_000
             } + 100_000;
             match log.first("closed", tl.healed_at.saturating_sub(1)) {
                 Some(t) => {

@@ -22,13 +22,16 @@ pub enum Action {
     PauseRedis,
     /// Let a hung Redis go on (SIGCONT, `docker unpause`).
     ResumeRedis,
-    /// Cut the network between the apps and Redis: packets vanish.
+    /// Cut the network between the apps and Redis: packets vanish (the fault
+    /// proxy's blackhole; `docker network disconnect` of Redis).
     CutNetwork,
     /// Restore the network.
     RestoreNetwork,
-    /// Reset every connection to Redis, and every new one, until restored.
+    /// Reset every connection to Redis, and every new one, until restored
+    /// (by the fault proxy, in both drivers).
     ResetConnections,
-    /// Delay every packet between the apps and Redis by this many ms each way.
+    /// Delay every packet between the apps and Redis by this many ms each way
+    /// (by the fault proxy, in both drivers).
     Latency(u64),
     /// Undo `ResetConnections` or `Latency`.
     ClearNetworkFault,
@@ -40,8 +43,6 @@ pub enum Action {
 pub trait Driver {
     /// A short name for reports.
     fn name(&self) -> &'static str;
-    /// Whether this driver can perform `action`.
-    fn supports(&self, action: Action) -> bool;
     /// Starts a fresh Redis (`maxmemory` in bytes, `noeviction`, when given)
     /// and returns the URL the apps must use.
     fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String>;

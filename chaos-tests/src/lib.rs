@@ -6,7 +6,8 @@
 //! * [`driver`]: where Redis and the apps run and how faults are made: the
 //!   [`ProcessDriver`](driver::ProcessDriver) (processes, signals, the fault
 //!   proxy) and the [`DockerDriver`](driver::DockerDriver) (containers,
-//!   `docker kill`/`pause`/`network disconnect`).
+//!   `docker kill`/`pause`/`network disconnect`, and [`proxy`] in a container
+//!   of its own for latency and resets).
 //! * [`app`]: one app instance (`chaos-app`): a `HybridLimiter` under load,
 //!   logging every decision.
 //! * [`run`] runs a scenario, [`analyze`] judges it, [`report`] writes JSON,
@@ -17,6 +18,7 @@ pub mod analyze;
 pub mod app;
 pub mod driver;
 pub mod plan;
+pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -20,8 +20,6 @@ pub struct Report {
     pub unix_time: u64,
     /// Scenarios.
     pub scenarios: Vec<ScenarioResult>,
-    /// Scenarios the driver cannot run, with why.
-    pub skipped: Vec<(String, String)>,
 }
 
 impl Report {
@@ -127,12 +125,6 @@ impl Report {
                 let _ = writeln!(md, "- {} {}: {}", c.verdict, c.bound, c.measured);
             }
             let _ = writeln!(md);
-        }
-        if !self.skipped.is_empty() {
-            let _ = writeln!(md, "## Not run by this driver\n");
-            for (name, why) in &self.skipped {
-                let _ = writeln!(md, "- {name}: {why}");
-            }
         }
         md
     }

@@ -43,14 +43,6 @@ impl Scenario {
             fast_trip: false,
         }
     }
-
-    /// Every action it takes, to ask a driver whether it can.
-    pub fn actions(&self) -> impl Iterator<Item = Action> + '_ {
-        self.fault
-            .iter()
-            .map(|(_, a)| *a)
-            .chain(self.heal.iter().copied())
-    }
 }
 
 /// Every scenario, in the order the suite runs them. `fault_ms` is the length

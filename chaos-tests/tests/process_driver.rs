@@ -28,7 +28,6 @@ fn suite(names: &[&str], sabotage: bool, tag: &str) -> Report {
         deadline_ms: cfg.deadline_ms,
         unix_time: 0,
         scenarios: Vec::new(),
-        skipped: Vec::new(),
     };
     for sc in scenario::all(cfg.phases().1, cfg.deadline_ms)
         .into_iter()

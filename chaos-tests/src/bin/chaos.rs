@@ -122,24 +122,10 @@ fn main() -> ExitCode {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         scenarios: Vec::new(),
-        skipped: Vec::new(),
     };
     let started = Instant::now();
     let n = chosen.len();
     for (i, sc) in chosen.iter().enumerate() {
-        if let Some(a) = sc.actions().find(|a| !driver.supports(*a)) {
-            println!(
-                "[{}/{n}] {:<26} skipped: the {} driver cannot do {a:?}",
-                i + 1,
-                sc.name,
-                driver.name()
-            );
-            report.skipped.push((
-                sc.name.to_string(),
-                format!("the {} driver cannot do {a:?}", driver.name()),
-            ));
-            continue;
-        }
         println!(
             "[{}/{n}] {:<26} {} ({:.0}s elapsed)",
             i + 1,

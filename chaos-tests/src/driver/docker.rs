@@ -1,19 +1,16 @@
 //! The docker driver: a compose project (`chaos-tests/docker-compose.yml`) per
-//! scenario with a Redis container and one container per app; faults by
-//! `docker kill`, `restart`, `pause`/`unpause` and `network disconnect`.
+//! scenario with a Redis container, a fault-proxy container in front of it and
+//! one container per app; faults by `docker kill`, `restart`, `pause`/`unpause`
+//! and `network disconnect` on Redis, and by the proxy for latency and resets.
 //!
 //! Each scenario gets its own project, `<prefix>x<n>` (prefix `tlchaos<pid>`,
 //! or `CHAOS_PROJECT` when set), so a leftover from one scenario never meets
-//! the next. The apps reach Redis as `redis://redis:6379/` on the project's
-//! network; this process reaches it through the port compose publishes on
-//! host loopback, looked up again on every [`controller_url`] call because a
-//! restarted container gets a new one.
-//!
-//! What it cannot do: [`Action::ResetConnections`], [`Action::Latency`] and
-//! [`Action::ClearNetworkFault`]. Those need `tc`/`iptables` inside a network
-//! namespace of the project (or `NET_ADMIN` and the tools in the images), and
-//! the images built by `images/build.sh` hold nothing but redis-server or
-//! chaos-app; the process driver makes those faults with its proxy.
+//! the next. The apps reach Redis through the proxy, `redis://proxy:6379/` on
+//! the project's network; the proxy (`chaos-proxy`, see [`crate::proxy`])
+//! forwards to `redis:6379`, looked up per connection, and takes faults on a
+//! control port that compose publishes on host loopback. This process reaches
+//! Redis itself through the port compose publishes for it, looked up again on
+//! every [`controller_url`] call because a restarted container gets a new one.
 //!
 //! Environment: `CHAOS_COMPOSE` (the compose command, e.g. `docker-compose`;
 //! otherwise `docker compose` when `docker compose version` works, else
@@ -30,11 +27,16 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use tierlimit_test::Fault;
+
 use super::{Action, Driver};
 use crate::plan::AppPlan;
+use crate::proxy;
 
-/// Redis as the apps reach it: the service name on the project's network.
-const APP_REDIS_URL: &str = "redis://redis:6379/";
+/// Redis as the apps reach it: through the proxy service on the project's network.
+const APP_REDIS_URL: &str = "redis://proxy:6379/";
+/// The proxy's control port inside its container (see the compose file).
+const PROXY_CONTROL_PORT: &str = "7000/tcp";
 /// The run directory inside the app containers.
 const MOUNT: &str = "/chaos";
 /// App services in the compose file.
@@ -67,6 +69,8 @@ struct Project {
     env: Vec<(String, String)>,
     redis: String,
     network: String,
+    /// The proxy's control port on host loopback.
+    proxy_control: Option<SocketAddr>,
     paused: bool,
     cut: bool,
     /// App container ids, by index.
@@ -154,6 +158,20 @@ fn answers_ping(addr: SocketAddr) -> bool {
         Ok(&reply == b"+PONG\r\n")
     };
     attempt().unwrap_or(false)
+}
+
+/// The host loopback address docker publishes `port` (e.g. `6379/tcp`) of
+/// container `id` at.
+fn published(id: &str, port: &str) -> Result<SocketAddr, String> {
+    let out = docker(&["port", id, port])?;
+    out.lines()
+        .find_map(|l| {
+            l.trim()
+                .parse::<SocketAddr>()
+                .ok()
+                .filter(|a| a.ip().is_loopback())
+        })
+        .ok_or_else(|| format!("{port} is not published on loopback (`docker port` says {out:?})"))
 }
 
 /// `path` relative to `dir`, for a file that must be under `dir`.
@@ -269,17 +287,43 @@ impl DockerDriver {
     /// Where this process reaches Redis now: the published loopback port.
     fn controller_addr(&mut self) -> Result<SocketAddr, String> {
         let redis = self.project()?.redis.clone();
-        let out = docker(&["port", &redis, "6379/tcp"])?;
-        out.lines()
-            .find_map(|l| {
-                l.trim()
-                    .parse::<SocketAddr>()
-                    .ok()
-                    .filter(|a| a.ip().is_loopback())
-            })
-            .ok_or_else(|| {
-                format!("Redis has no port published on loopback (`docker port` says {out:?})")
-            })
+        published(&redis, "6379/tcp")
+    }
+
+    /// The proxy's control port, found on first use (the proxy container is
+    /// never restarted, so its port stays).
+    fn proxy_control(&mut self) -> Result<SocketAddr, String> {
+        if let Some(addr) = self.project()?.proxy_control {
+            return Ok(addr);
+        }
+        let proxy = self.container("proxy")?;
+        let addr = published(&proxy, PROXY_CONTROL_PORT)?;
+        self.project()?.proxy_control = Some(addr);
+        Ok(addr)
+    }
+
+    /// Sets a fault on the proxy.
+    fn proxy_fault(&mut self, fault: Fault) -> Result<(), String> {
+        let control = self.proxy_control()?;
+        proxy::send(control, fault)
+    }
+
+    /// Waits until the proxy takes faults on its control port.
+    fn wait_proxy(&mut self) -> Result<(), String> {
+        let end = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.proxy_fault(Fault::None) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= end => {
+                    let id = self.container("proxy").unwrap_or_default();
+                    return Err(format!(
+                        "the fault proxy did not answer within {READY_TIMEOUT:?} ({e}); its log ends:\n{}",
+                        logs(&id)
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
 
     /// Waits until Redis answers PING through its published port.
@@ -318,14 +362,6 @@ impl Driver for DockerDriver {
         "docker"
     }
 
-    fn supports(&self, action: Action) -> bool {
-        // No tc/iptables in the images (see the module docs).
-        !matches!(
-            action,
-            Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault
-        )
-    }
-
     fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
         self.teardown();
         // `pull_policy: never` is honoured by `docker compose` v2; docker-compose
@@ -353,12 +389,13 @@ impl Driver for DockerDriver {
             env: vec![("CHAOS_REDIS_ARGS".into(), redis_args)],
             redis: String::new(),
             network: String::new(),
+            proxy_control: None,
             paused: false,
             cut: false,
             apps: Vec::new(),
             killed: Vec::new(),
         });
-        self.compose(&["up", "-d", "--no-deps", "redis"]).map_err(|e| {
+        self.compose(&["up", "-d", "--no-deps", "redis", "proxy"]).map_err(|e| {
             format!(
                 "{e}\n(without a registry build the images first: chaos-tests/images/build.sh, and set CHAOS_REDIS_IMAGE and CHAOS_APP_IMAGE as chaos-tests/run.sh does)"
             )
@@ -387,6 +424,7 @@ impl Driver for DockerDriver {
         project.redis = redis;
         project.network = network;
         self.wait_ready()?;
+        self.wait_proxy()?;
         Ok(APP_REDIS_URL.into())
     }
 
@@ -492,11 +530,9 @@ impl Driver for DockerDriver {
                     .map_err(|e| format!("killing app {i}: {e}"))?;
                 self.project()?.killed[i] = true;
             }
-            Action::ResetConnections | Action::Latency(_) | Action::ClearNetworkFault => {
-                return Err(format!(
-                    "the docker driver cannot do {action:?}: the images have no tc or iptables"
-                ));
-            }
+            Action::ResetConnections => self.proxy_fault(Fault::Reset)?,
+            Action::Latency(ms) => self.proxy_fault(Fault::Latency(Duration::from_millis(ms)))?,
+            Action::ClearNetworkFault => self.proxy_fault(Fault::None)?,
         }
         Ok(())
     }

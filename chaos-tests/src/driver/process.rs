@@ -60,10 +60,6 @@ impl Driver for ProcessDriver {
         "process"
     }
 
-    fn supports(&self, _: Action) -> bool {
-        true
-    }
-
     fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
         let mem = maxmemory.map(|m| m.to_string());
         let args: Vec<&str> = match &mem {

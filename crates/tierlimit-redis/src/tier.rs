@@ -68,7 +68,12 @@ struct Inner {
     /// How long a background replacement may take to connect and answer PING.
     replace_budget: Duration,
     time_source: TimeSource,
+    /// Checks, the heartbeat and PING.
     conn: ArcSwapOption<ConnectionManager>,
+    /// Reconcile batches, on a socket of their own: a pipelined batch on the
+    /// checks' socket would make every check sent meanwhile wait for the whole
+    /// batch's replies before its own (redis-rs answers in order).
+    bulk: ArcSwapOption<ConnectionManager>,
     replacing: AtomicBool,
     replaced: AtomicU64,
 }
@@ -138,6 +143,7 @@ impl RedisTier {
                 replace_budget: config.connect_timeout + config.deadline,
                 time_source: config.time_source,
                 conn: ArcSwapOption::empty(),
+                bulk: ArcSwapOption::empty(),
                 replacing: AtomicBool::new(false),
                 replaced: AtomicU64::new(0),
             }),
@@ -308,9 +314,11 @@ impl RedisTier {
             .map(|e| reconcile_cmd(e, batch_id, &now_arg, local_now_us))
             .collect();
         let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
-        self.call(|conn| pipeline_scripts(conn, &RECONCILE, &cmds, &mut replies))
-            .await
-            .map_err(Failure::into_error)?;
+        self.call_on(&self.inner.bulk, |conn| {
+            pipeline_scripts(conn, &RECONCILE, &cmds, &mut replies)
+        })
+        .await
+        .map_err(Failure::into_error)?;
         let mut report = ReconcileReport::default();
         for reply in replies {
             tally(&mut report, reply.ok_or_else(timeout)?)?;
@@ -318,8 +326,8 @@ impl RedisTier {
         Ok(report)
     }
 
-    /// Forgets the current connection: the next call connects afresh, within
-    /// its deadline.
+    /// Forgets the current connections (the checks' and the reconcile
+    /// batches'): the next call connects afresh, within its deadline.
     ///
     /// redis-rs matches replies to requests in order. A socket that lived
     /// through a blackhole has sent requests that will never be answered, so
@@ -329,6 +337,7 @@ impl RedisTier {
     /// with nothing in flight.
     pub fn drop_connection(&self) {
         self.inner.conn.store(None);
+        self.inner.bulk.store(None);
     }
 
     /// Starts building a fresh connection in the background and swaps it in
@@ -341,11 +350,13 @@ impl RedisTier {
     /// within the connect timeout plus the deadline, the current connection
     /// stays. Returns false when a replacement is already under way. Outside
     /// a Tokio runtime it only drops the current connection, so the next call
-    /// makes a new one.
+    /// makes a new one. The reconcile batches' connection is dropped at once
+    /// either way: nothing waits on it, and the next batch connects afresh.
     pub fn replace_connection(&self) -> bool {
         if self.inner.replacing.swap(true, Ordering::AcqRel) {
             return false;
         }
+        self.inner.bulk.store(None);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             self.inner.conn.store(None);
             self.inner.replaced.fetch_add(1, Ordering::Relaxed);
@@ -428,15 +439,29 @@ impl RedisTier {
         }
     }
 
-    /// Runs `op` on the connection (made now if there is none yet), all under
-    /// the deadline.
+    /// Runs `op` on the checks' connection (made now if there is none yet),
+    /// all under the deadline.
     async fn call<T, F, Fut>(&self, op: F) -> std::result::Result<T, Failure>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.call_on(&self.inner.conn, op).await
+    }
+
+    /// Runs `op` on the connection in `slot` (made now if there is none yet),
+    /// all under the deadline.
+    async fn call_on<T, F, Fut>(
+        &self,
+        slot: &ArcSwapOption<ConnectionManager>,
+        op: F,
+    ) -> std::result::Result<T, Failure>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let work = async {
-            let conn = self.connection()?;
+            let conn = self.connection(slot)?;
             op(conn).await
         };
         match tokio::time::timeout(self.inner.deadline, work).await {
@@ -446,15 +471,18 @@ impl RedisTier {
         }
     }
 
-    /// The shared connection, created lazily (no I/O here: it connects on its
-    /// first command).
-    fn connection(&self) -> RedisResult<ConnectionManager> {
-        if let Some(conn) = self.inner.conn.load_full() {
+    /// The connection in `slot`, created lazily (no I/O here: it connects on
+    /// its first command).
+    fn connection(
+        &self,
+        slot: &ArcSwapOption<ConnectionManager>,
+    ) -> RedisResult<ConnectionManager> {
+        if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
         let fresh = Arc::new(self.inner.new_manager()?);
         // Another call may have raced us here: keep whichever was stored first.
-        let previous = self.inner.conn.rcu(|current| match current {
+        let previous = slot.rcu(|current| match current {
             Some(conn) => Some(Arc::clone(conn)),
             None => Some(Arc::clone(&fresh)),
         });
@@ -610,7 +638,7 @@ mod tests {
         let cmds = [check("a"), flush, check("b")];
         let mut replies = [None, None, None];
         let before = server.command_calls("evalsha").await;
-        let conn = tier.connection().expect("connection");
+        let conn = tier.connection(&tier.inner.conn).expect("connection");
         pipeline_scripts(conn, &CHECK, &cmds, &mut replies)
             .await
             .expect("pipeline");

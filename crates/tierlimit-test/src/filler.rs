@@ -16,6 +16,12 @@ pub struct MemoryFiller {
     thread: Option<JoinHandle<Result<(), String>>>,
 }
 
+fn connect(url: &str) -> Result<redis::Connection, String> {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("{url}: {e}"))
+}
+
 fn fill(conn: &mut redis::Connection, next: &mut u64, sizes: &[usize]) -> Result<(), String> {
     for &size in sizes {
         let blob = "x".repeat(size);
@@ -42,12 +48,7 @@ impl MemoryFiller {
     /// Fills the server at `url` and returns once it is full; keeps it full in
     /// a background thread.
     pub fn start(url: &str) -> Result<MemoryFiller, String> {
-        let connect = || {
-            redis::Client::open(url)
-                .and_then(|c| c.get_connection())
-                .map_err(|e| e.to_string())
-        };
-        let mut conn = connect()?;
+        let mut conn = connect(url)?;
         let mut next = 0;
         fill(&mut conn, &mut next, &[64 * 1024, 4 * 1024, 256, 16])?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -74,9 +75,7 @@ impl MemoryFiller {
                 .join()
                 .map_err(|_| "the memory filler panicked".to_string())??;
         }
-        let mut conn = redis::Client::open(self.url.as_str())
-            .and_then(|c| c.get_connection())
-            .map_err(|e| e.to_string())?;
+        let mut conn = connect(&self.url)?;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("filler:*")
             .query(&mut conn)

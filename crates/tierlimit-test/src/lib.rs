@@ -7,7 +7,9 @@
 //! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
 //! - [`Load`]: concurrent checks with every decision and latency recorded.
 //!
-//! Everything here panics with a clear message on failure: it is meant for tests.
+//! It is meant for tests: most of it panics with a clear message on failure.
+//! What the chaos suite's programs use as well returns errors instead
+//! ([`MemoryFiller`], [`FaultProxy::listen`], [`FaultProxy::try_set`]).
 
 mod filler;
 mod load;

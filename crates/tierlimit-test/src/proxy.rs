@@ -1,6 +1,7 @@
 //! A TCP proxy in front of a redis server whose behaviour can be switched at run time.
 
 use std::fmt;
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -57,8 +58,9 @@ struct Counters {
     applied: AtomicU64,
 }
 
-/// An in-process TCP proxy on `127.0.0.1` for fault injection between a client
-/// and a redis server.
+/// An in-process TCP proxy for fault injection between a client and a redis
+/// server: on a free `127.0.0.1` port ([`start`](Self::start)) or on a given
+/// address ([`listen`](Self::listen), which the chaos suite's proxy container uses).
 ///
 /// It runs on its own small tokio runtime, so it keeps working whatever the
 /// test's runtime does (current-thread, blocked, paused clock), and
@@ -66,7 +68,7 @@ struct Counters {
 /// the proxy stops all its tasks and closes every connection.
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
+    upstream: Arc<str>,
     state: watch::Sender<State>,
     counters: Arc<Counters>,
     runtime: Option<Runtime>,
@@ -74,31 +76,44 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// Starts a pass-through proxy to `upstream`, listening on a free loopback port.
+    /// Panics if it cannot (a test cannot go on without it).
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .expect("cannot bind the fault proxy on 127.0.0.1");
-        listener
-            .set_nonblocking(true)
-            .expect("cannot make the proxy listener non-blocking");
-        let addr = listener
-            .local_addr()
-            .expect("proxy listener has an address");
+        FaultProxy::listen((Ipv4Addr::LOCALHOST, 0).into(), &upstream.to_string())
+            .expect("cannot start the fault proxy on 127.0.0.1")
+    }
+
+    /// Starts a pass-through proxy listening on `addr` (port 0: a free one) to
+    /// `upstream`, a `host:port` looked up again for every connection, so a
+    /// server that comes back at another address is found.
+    pub fn listen(addr: SocketAddr, upstream: &str) -> io::Result<FaultProxy> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("fault-proxy")
             .enable_all()
-            .build()
-            .expect("cannot build the fault proxy runtime");
+            .build()?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
+        let upstream: Arc<str> = upstream.into();
         let (state, rx) = watch::channel((Fault::None, 0));
         let counters = Arc::new(Counters::default());
-        runtime.spawn(accept_loop(listener, upstream, rx, Arc::clone(&counters)));
-        FaultProxy {
+        runtime.spawn(accept_loop(
+            listener,
+            Arc::clone(&upstream),
+            rx,
+            Arc::clone(&counters),
+        ));
+        Ok(FaultProxy {
             addr,
             upstream,
             state,
             counters,
             runtime: Some(runtime),
-        }
+        })
     }
 
     /// The address clients should connect to.
@@ -111,9 +126,9 @@ impl FaultProxy {
         format!("redis://{}/", self.addr)
     }
 
-    /// The server the proxy forwards to.
-    pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+    /// The server the proxy forwards to, as given (`host:port`).
+    pub fn upstream(&self) -> &str {
+        &self.upstream
     }
 
     /// The fault currently in force.
@@ -131,6 +146,14 @@ impl FaultProxy {
     /// [`Fault::Refuse`] and [`Fault::Reset`], every existing connection is gone.
     /// Panics if that takes more than 5 s.
     pub fn set(&self, fault: Fault) {
+        if let Err(e) = self.try_set(fault) {
+            panic!("{e}");
+        }
+    }
+
+    /// [`set`](Self::set), returning an error instead of panicking when the
+    /// fault is not in force within 5 s.
+    pub fn try_set(&self, fault: Fault) -> Result<(), String> {
         let mut generation = 0;
         self.state.send_modify(|state| {
             state.0 = fault;
@@ -143,13 +166,14 @@ impl FaultProxy {
             let conns_ok =
                 !fault.kills_connections() || self.counters.live.load(Ordering::SeqCst) == 0;
             if listener_ok && conns_ok {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "fault proxy on {} did not apply {fault:?} within {APPLY_TIMEOUT:?}",
-                self.addr
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "fault proxy on {} did not apply {fault:?} within {APPLY_TIMEOUT:?}",
+                    self.addr
+                ));
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -176,14 +200,13 @@ impl Drop for FaultProxy {
 }
 
 async fn accept_loop(
-    first: std::net::TcpListener,
-    upstream: SocketAddr,
+    first: TcpListener,
+    upstream: Arc<str>,
     mut rx: watch::Receiver<State>,
     counters: Arc<Counters>,
 ) {
     let addr = first.local_addr().expect("proxy listener has an address");
-    let mut listener =
-        Some(TcpListener::from_std(first).expect("cannot register the proxy listener"));
+    let mut listener = Some(first);
     loop {
         let (fault, generation) = *rx.borrow_and_update();
         if fault == Fault::Refuse {
@@ -210,7 +233,7 @@ async fn accept_loop(
                         Fault::Refuse => drop(client),
                         _ => {
                             counters.live.fetch_add(1, Ordering::SeqCst);
-                            tokio::spawn(relay(client, upstream, rx.clone(), Arc::clone(&counters)));
+                            tokio::spawn(relay(client, Arc::clone(&upstream), rx.clone(), Arc::clone(&counters)));
                         }
                     }
                 }
@@ -223,7 +246,12 @@ async fn accept_loop(
 async fn rebind(addr: SocketAddr) -> TcpListener {
     let deadline = Instant::now() + APPLY_TIMEOUT;
     loop {
-        let attempt = TcpSocket::new_v4().and_then(|socket| {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        };
+        let attempt = socket.and_then(|socket| {
             socket.set_reuseaddr(true)?;
             socket.bind(addr)?;
             socket.listen(1024)
@@ -255,13 +283,13 @@ impl Drop for LiveGuard {
 
 async fn relay(
     mut client: TcpStream,
-    upstream: SocketAddr,
+    upstream: Arc<str>,
     rx: watch::Receiver<State>,
     counters: Arc<Counters>,
 ) {
     let _live = LiveGuard(counters);
     let server = tokio::select! {
-        server = TcpStream::connect(upstream) => server.ok(),
+        server = TcpStream::connect(&*upstream) => server.ok(),
         () = killed(rx.clone()) => None,
     };
     if let Some(mut server) = server {

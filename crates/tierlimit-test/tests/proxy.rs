@@ -39,7 +39,7 @@ async fn raw_ping(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 async fn passes_through() {
     let (server, proxy, mut conn) = setup().await;
     assert_eq!(proxy.fault(), Fault::None);
-    assert_eq!(proxy.upstream(), server.addr());
+    assert_eq!(proxy.upstream(), server.addr().to_string());
     assert_eq!(ping(&mut conn).await.expect("PING"), "PONG");
     let () = conn.set("k", "v").await.expect("SET");
     let v: String = server.conn().await.get("k").await.expect("GET");
