@@ -23,6 +23,9 @@ pub struct Decision {
     pub allowed: bool,
     /// Key index.
     pub key: usize,
+    /// The policy answered because this check's Redis call failed in a way
+    /// that may have run the script anyway: its unit may or may not be in Redis.
+    pub maybe_ran: bool,
 }
 
 /// One app's log, parsed.
@@ -47,7 +50,7 @@ impl AppLog {
             let f: Vec<&str> = line.split(',').collect();
             let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
             match f.first().copied() {
-                Some("d") if f.len() == 7 => {
+                Some("d") if f.len() == 8 => {
                     if let (
                         Some(t),
                         Some(lat),
@@ -55,6 +58,7 @@ impl AppLog {
                         Some(tier),
                         Some(allowed),
                         Some(key),
+                        Some(maybe_ran),
                     ) = (
                         n(1),
                         n(2),
@@ -62,6 +66,7 @@ impl AppLog {
                         f[4].chars().next().and_then(tier_of),
                         n(5),
                         n(6),
+                        n(7),
                     ) {
                         log.decisions.push(Decision {
                             t,
@@ -70,6 +75,7 @@ impl AppLog {
                             tier,
                             allowed: allowed == 1,
                             key: key as usize,
+                            maybe_ran: maybe_ran == 1,
                         });
                     }
                 }
@@ -120,7 +126,7 @@ impl AppLog {
 }
 
 /// What the controller saw of one scenario run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Timeline {
     /// When the fault started, µs since the run's start.
     pub fault_at: u64,
@@ -195,6 +201,42 @@ impl ScenarioResult {
     pub fn passed(&self) -> bool {
         self.checks.iter().all(|c| c.verdict != "FAIL")
     }
+}
+
+/// The first local-fallback key whose natural-day counter in Redis is not
+/// what the decisions logged account for, described; `None` when every key is.
+///
+/// Exact for every admission the logs saw. Two things widen the range upward
+/// only: a check whose call failed after it may have been sent (`maybe_ran`:
+/// it passed its deadline, and a hung server runs what it buffered when it
+/// resumes; or its reply was lost to a reset) may have run on Redis whatever
+/// the fallback answered, and a killed app's undrained ledger and checks in
+/// flight die with it.
+fn reconcile_mismatch(ctx: &Context<'_>, all: &[(usize, &Decision)]) -> Option<String> {
+    let tl = &ctx.timeline;
+    (0..ctx.keys).find_map(|key| {
+        let (mut sure, mut unknown, mut at_risk) = (0u64, 0u64, 0u64);
+        for (a, d) in all.iter().filter(|(_, d)| d.stream == 2 && d.key == key) {
+            unknown += u64::from(d.maybe_ran);
+            if !d.allowed
+                || (d.tier == Tier::Redis && tl.data_lost_at.is_some_and(|lost| d.t < lost))
+            {
+                continue;
+            }
+            if d.tier != Tier::Redis && tl.killed.iter().any(|(k, _)| k == a) {
+                at_risk += 1;
+            } else {
+                sure += 1;
+            }
+        }
+        unknown += ctx.in_flight * tl.killed.len() as u64;
+        let got = ctx.redis_counts.get(&key).copied().unwrap_or(0);
+        (got < sure || got > sure + at_risk + unknown).then(|| {
+            format!(
+                "key {key}: Redis holds {got}, expected {sure} (+ up to {at_risk} from killed apps, + up to {unknown} of unknown outcome)"
+            )
+        })
+    })
 }
 
 fn check(bound: impl Into<String>, ok: bool, measured: impl Into<String>) -> Check {
@@ -481,60 +523,22 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
         .map(|f| f[1] + f[2])
         .sum();
     let pending: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[3]).sum();
-    {
-        let mut worst = String::new();
-        let mut ok = true;
-        for key in 0..ctx.keys {
-            let (mut sure, mut unknown, mut at_risk) = (0u64, 0u64, 0u64);
-            for (a, d) in all.iter().filter(|(_, d)| d.stream == 2 && d.key == key) {
-                // A call that passed its deadline may still run on Redis (a hung
-                // server runs what it buffered when it resumes), whatever the
-                // fallback answered: its unit may or may not be in Redis.
-                if d.tier != Tier::Redis && d.lat + 1_000 >= deadline_us {
-                    unknown += 1;
-                }
-                if !d.allowed
-                    || (d.tier == Tier::Redis && tl.data_lost_at.is_some_and(|lost| d.t < lost))
-                {
-                    continue;
-                }
-                let killed = tl.killed.iter().any(|(k, _)| k == a);
-                if d.tier != Tier::Redis && killed {
-                    at_risk += 1;
-                } else {
-                    sure += 1;
-                }
-            }
-            // A killed app's checks in flight when it died may have run on Redis.
-            unknown += ctx.in_flight * tl.killed.len() as u64;
-            let got = ctx.redis_counts.get(&key).copied().unwrap_or(0);
-            let (lo, hi) = (sure, sure + at_risk + unknown);
-            if got < lo || got > hi {
-                ok = false;
-                worst = format!(
-                    "key {key}: Redis holds {got}, expected {sure} (+ up to {at_risk} from killed apps, + up to {unknown} of unknown outcome)"
-                );
-                break;
-            }
-        }
-        let lost_note = if tl.killed.is_empty() {
-            String::new()
-        } else {
-            "; a killed app's undrained ledger dies with it".into()
-        };
-        checks.push(check(
-            "after recovery Redis holds every unit admitted (live windows), none twice",
-            ok && pending == 0,
-            if ok {
-                format!(
-                    "{} keys exact, {reconciled} units reconciled, {pending} pending{lost_note}",
-                    ctx.keys
-                )
-            } else {
-                worst
-            },
-        ));
-    }
+    let mismatch = reconcile_mismatch(ctx, &all);
+    let lost_note = if tl.killed.is_empty() {
+        ""
+    } else {
+        "; a killed app's undrained ledger dies with it"
+    };
+    checks.push(check(
+        "after recovery Redis holds every unit admitted (live windows), none twice",
+        mismatch.is_none() && pending == 0,
+        mismatch.unwrap_or_else(|| {
+            format!(
+                "{} keys exact, {reconciled} units reconciled, {pending} pending{lost_note}",
+                ctx.keys
+            )
+        }),
+    ));
 
     // Chart series: decisions per 250 ms by tier.
     let mut buckets: BTreeMap<(u64, &'static str), u64> = BTreeMap::new();
@@ -558,5 +562,73 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
         checks,
         series,
         fault_window: (tl.fault_at as f64 / 1e6, tl.healed_at as f64 / 1e6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(tier: Tier, allowed: bool, maybe_ran: bool) -> Decision {
+        Decision {
+            t: 1,
+            lat: 100,
+            stream: 2,
+            tier,
+            allowed,
+            key: 0,
+            maybe_ran,
+        }
+    }
+
+    fn mismatch(decisions: &[Decision], redis_holds: u64) -> Option<String> {
+        let scenario = &crate::scenario::all(1_000, 50)[0];
+        let ctx = Context {
+            scenario,
+            driver: "test",
+            deadline_ms: 50,
+            max_cool_down_ms: 500,
+            keys: 1,
+            timeline: Timeline::default(),
+            in_flight: 4,
+            redis_counts: HashMap::from([(0, redis_holds)]),
+        };
+        let all: Vec<_> = decisions.iter().map(|d| (0, d)).collect();
+        reconcile_mismatch(&ctx, &all)
+    }
+
+    #[test]
+    fn every_admission_is_counted_exactly_once() {
+        let log = [
+            decision(Tier::Redis, true, false),
+            decision(Tier::Local, true, false),
+            decision(Tier::Local, false, false),
+        ];
+        assert_eq!(mismatch(&log, 2), None);
+        let low = mismatch(&log, 1).expect("a lost unit is caught");
+        assert!(low.contains("Redis holds 1, expected 2"), "{low}");
+        assert!(
+            mismatch(&log, 3).is_some(),
+            "a unit counted twice is caught"
+        );
+    }
+
+    #[test]
+    fn a_call_that_may_have_run_allows_one_more_unit() {
+        // A fail-closed denial after a reset: the script may have run.
+        let denied = [
+            decision(Tier::Redis, true, false),
+            decision(Tier::FailClosed, false, true),
+        ];
+        assert_eq!(mismatch(&denied, 1), None);
+        assert_eq!(mismatch(&denied, 2), None);
+        assert!(mismatch(&denied, 3).is_some());
+        // A local admission after a reset, reconciled too: counted twice at most.
+        let admitted = [decision(Tier::Local, true, true)];
+        assert_eq!(mismatch(&admitted, 2), None);
+        assert!(
+            mismatch(&admitted, 0).is_some(),
+            "the admission itself is owed"
+        );
     }
 }

@@ -5,7 +5,10 @@
 //! The log is plain text, one record per line, written as it happens so a killed
 //! app loses only the checks in flight when it died:
 //!
-//! * `d,<t_us>,<latency_us>,<stream>,<tier>,<allowed 0|1>,<key>`: a decision
+//! * `d,<t_us>,<latency_us>,<stream>,<tier>,<allowed 0|1>,<key>,<maybe_ran 0|1>`:
+//!   a decision; `maybe_ran` is 1 when the policy answered because the check's
+//!   own Redis call failed in a way that may have run the script anyway
+//!   ([`tierlimit::RedisFailure::may_have_run`])
 //! * `e,<t_us>,<latency_us>,<stream>,<message>`: a check that returned an error
 //! * `s,<t_us>,<state>,<probe_due_t_us|->`: the breaker changed state
 //! * `f,<reconciled>,<expired>,<overflow>,<pending>,<batches_retried>,<instances>`:
@@ -17,7 +20,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances};
+use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances, RedisFailure};
 use tokio::sync::mpsc;
 
 use crate::plan::{AppPlan, key, rule_sets, tier_code};
@@ -118,9 +121,10 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     let lat = begun.elapsed().as_micros();
                     let line = match result {
                         Ok(d) => format!(
-                            "d,{at},{lat},{stream},{},{},{k}",
+                            "d,{at},{lat},{stream},{},{},{k},{}",
                             tier_code(d.tier),
-                            u8::from(d.allowed)
+                            u8::from(d.allowed),
+                            u8::from(d.redis_failure.is_some_and(RedisFailure::may_have_run))
                         ),
                         Err(e) => {
                             format!("e,{at},{lat},{stream},{}", e.to_string().replace(',', ";"))

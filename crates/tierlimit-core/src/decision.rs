@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::RedisFailure;
+
 /// Where a [`Decision`] came from.
 ///
 /// # Examples
@@ -78,6 +80,13 @@ pub struct Decision {
     pub rule: usize,
     /// Where the decision came from.
     pub tier: Tier,
+    /// When the policy answered because this check's own call to Redis
+    /// failed: how it failed. `None` when Redis decided, when the breaker was
+    /// open so no call was made, and for denial-cache answers.
+    ///
+    /// When [`RedisFailure::may_have_run`] holds, Redis may also have counted
+    /// this check's units although its reply was lost.
+    pub redis_failure: Option<RedisFailure>,
 }
 
 impl Decision {
@@ -97,6 +106,7 @@ impl Decision {
             retry_after: None,
             rule,
             tier,
+            redis_failure: None,
         }
     }
 
@@ -116,6 +126,7 @@ impl Decision {
             retry_after: Some(retry_after),
             rule,
             tier,
+            redis_failure: None,
         }
     }
 }

@@ -189,7 +189,9 @@ pub enum RedisFailure {
     Timeout,
     /// The connection was refused (nothing listens).
     ConnectionRefused,
-    /// The connection broke or could not be used.
+    /// The connection broke or could not be used. When it broke after the
+    /// command was written, the outcome is unknown: the command may have run
+    /// and only its reply been lost.
     ConnectionLost,
     /// The server did not know the script (after `SCRIPT FLUSH` or a restart) and
     /// reloading it failed.
@@ -219,6 +221,40 @@ impl fmt::Display for RedisFailure {
             RedisFailure::MalformedReply => "malformed reply",
             RedisFailure::Other => "error",
         })
+    }
+}
+
+impl RedisFailure {
+    /// True when the command may have run on the server although no usable
+    /// reply came back: the deadline passed, the connection broke after the
+    /// command could have been written, the reply was malformed, or the error
+    /// is unclassified. False when the server refused the command before
+    /// running it (`-OOM`, `-NOSCRIPT`, `-READONLY`, `-LOADING`) or nothing
+    /// accepted the connection.
+    ///
+    /// A unit checked by such a call may be counted by Redis even though the
+    /// policy answered: callers that account units exactly must allow for it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::RedisFailure;
+    ///
+    /// assert!(RedisFailure::ConnectionLost.may_have_run());
+    /// assert!(!RedisFailure::ConnectionRefused.may_have_run());
+    /// ```
+    pub fn may_have_run(self) -> bool {
+        match self {
+            RedisFailure::Timeout
+            | RedisFailure::ConnectionLost
+            | RedisFailure::MalformedReply
+            | RedisFailure::Other => true,
+            RedisFailure::ConnectionRefused
+            | RedisFailure::NoScript
+            | RedisFailure::OutOfMemory
+            | RedisFailure::ReadOnly
+            | RedisFailure::Loading => false,
+        }
     }
 }
 

@@ -313,8 +313,9 @@ impl HybridLimiter {
     ///
     /// `Err` means bad input only (empty, over-long or control-character keys,
     /// cost 0, cost above a rule's capacity). Redis faults never surface: they
-    /// become the rule set's policy's answer, and [`Decision::tier`] says where
-    /// the answer came from.
+    /// become the rule set's policy's answer, [`Decision::tier`] says where
+    /// the answer came from, and [`Decision::redis_failure`] says why, when
+    /// this check's own call to Redis failed.
     pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
         validate_key(key)?;
         rule_set.validate_cost(cost)?;
@@ -348,6 +349,9 @@ impl HybridLimiter {
                 Err(e) => {
                     let outcome = inner.breaker.record_failure(latency, e.is_timeout());
                     inner.after_failure(outcome);
+                    let mut decision = inner.fallback(&escaped, rule_set, cost);
+                    decision.redis_failure = e.redis_failure();
+                    return Ok(count(decision));
                 }
             }
         }

@@ -5,7 +5,9 @@
 //! deadline + 15 ms; once Open, p99 latency is under 1 ms; the breaker trips within
 //! 500 ms of a hang (200 ms of a refused connection) and closes within the
 //! cool-down + one probe after Redis returns; FailClosed admits nothing while
-//! Open and FailOpen admits everything.
+//! Open and FailOpen admits everything; a decision the policy made because its
+//! own Redis call failed says how the call failed, and one made while Open
+//! (no call) says nothing.
 
 mod support;
 
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{DEADLINE, StateLog, builder, healthy, wait_for};
-use tierlimit::{Algorithm, BreakerState, Policy, Rule, RuleSet, Tier};
+use tierlimit::{Algorithm, BreakerState, Policy, RedisFailure, Rule, RuleSet, Tier};
 use tierlimit_test::{Fault, FaultProxy, Load, MemoryFiller, RedisServer, quantile};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +42,22 @@ impl Kind {
                 Some(Duration::from_millis(500))
             }
             Kind::RestartEmpty | Kind::ScriptFlush | Kind::LatencyBelow => None,
+        }
+    }
+
+    /// How the checks this fault fails may say their Redis call failed.
+    fn failures(self) -> &'static [RedisFailure] {
+        use RedisFailure::*;
+        match self {
+            // The socket closes under the call; reconnecting is then refused.
+            Kind::Kill9 | Kind::Refuse => &[ConnectionLost, ConnectionRefused],
+            Kind::Reset => &[ConnectionLost],
+            Kind::Hang | Kind::Blackhole | Kind::LatencyAbove => &[Timeout],
+            Kind::Oom => &[OutOfMemory],
+            // A restart may break the connection under a call, which then
+            // reconnects; a flushed script is reloaded.
+            Kind::RestartEmpty => &[ConnectionLost, ConnectionRefused],
+            Kind::ScriptFlush | Kind::LatencyBelow => &[],
         }
     }
 
@@ -167,6 +185,33 @@ async fn scenario(kind: Kind) {
         errors.len(),
         errors[0]
     );
+    // A decision says how its own Redis call failed, and only a fallback does.
+    let failed: Vec<_> = samples
+        .0
+        .iter()
+        .filter_map(|s| Some((s, s.result.as_ref().ok()?.redis_failure?)))
+        .collect();
+    println!(
+        "{kind:?}: {} decisions after a failed call: {:?}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|(_, f)| *f)
+            .collect::<std::collections::HashSet<_>>()
+    );
+    for (s, f) in &failed {
+        assert!(
+            kind.failures().contains(f) && s.tier().is_some_and(Tier::is_fallback),
+            "{kind:?}: a {:?} decision says its call failed with {f:?}",
+            s.tier()
+        );
+    }
+    if kind.trip_bound().is_some() {
+        assert!(
+            !failed.is_empty(),
+            "{kind:?}: no decision says its call failed"
+        );
+    }
     let max = samples.max_latency();
     println!("{kind:?}: {} checks, max latency {max:?}", samples.0.len());
     assert!(
@@ -243,6 +288,11 @@ async fn scenario(kind: Kind) {
     assert!(
         open.iter().all(|s| s.tier() != Some(Tier::Redis)),
         "{kind:?}: Redis decided while Open"
+    );
+    assert!(
+        open.iter()
+            .all(|s| s.result.as_ref().is_ok_and(|d| d.redis_failure.is_none())),
+        "{kind:?}: a decision made while Open (no call) says its call failed"
     );
 
     // 4. FailClosed admits nothing while Open; FailOpen admits everything.
