@@ -11,6 +11,12 @@
 //!           └─ rule set's Policy: FailOpen │ FailClosed │ LocalFallback (share-sized buckets)
 //! ```
 //!
+//! A check whose own Redis call failed says how in [`Decision::redis_failure`].
+//! When the failure [may have run](RedisFailure::may_have_run) the script (the
+//! deadline passed, or a reset lost the reply), Redis may have counted the
+//! units too; a local admission for it is still written back, so the limiter
+//! errs towards admitting less, never more.
+//!
 //! The crates underneath: [`tierlimit_core`] (the vocabulary), `tierlimit-redis`
 //! (the global tier), `tierlimit-local` (the local tier). This crate joins them:
 //! the [`Breaker`], the [`HybridLimiter`] with its policies and background tasks
