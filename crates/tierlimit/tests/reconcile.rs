@@ -411,11 +411,14 @@ async fn checks_keep_their_latency_during_a_large_drain() {
         (quantile(redis.iter().copied(), 0.99), redis.len())
     }
 
-    // Baseline: the same load with no drain, for 3 s before the outage and 3 s
-    // after the drain (the larger p99 of the two: this machine's noise floor).
+    // Baseline: the same load with no drain, before the outage and after the
+    // drain (the larger p99 of the two: this machine's noise floor). This
+    // machine's p99 wanders by 3x between 3 s windows as the host takes its
+    // CPUs away; windows about half as long as the drain see the same mix of
+    // quiet and noisy spells as the drain does.
+    const BASELINE: Duration = Duration::from_secs(10);
     let t0 = Instant::now();
-    let (before_p99, before_n) =
-        measure(&limiter, &probe, || t0.elapsed() > Duration::from_secs(3)).await;
+    let (before_p99, before_n) = measure(&limiter, &probe, || t0.elapsed() > BASELINE).await;
 
     server.pause();
     trip(&limiter, &pinger()).await;
@@ -441,8 +444,7 @@ async fn checks_keep_their_latency_during_a_large_drain() {
         "the drain did not finish"
     );
     let t1 = Instant::now();
-    let (after_p99, after_n) =
-        measure(&limiter, &probe, || t1.elapsed() > Duration::from_secs(3)).await;
+    let (after_p99, after_n) = measure(&limiter, &probe, || t1.elapsed() > BASELINE).await;
     let base_p99 = before_p99.max(after_p99);
     println!(
         "drain of {ENTRIES}: {drain_time:?}; check p99 {drain_p99:?} over {drain_n} checks during it; without a drain {before_p99:?} over {before_n} before and {after_p99:?} over {after_n} after"
