@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tierlimit_core::{Decision, Error, Tier};
+use tierlimit_core::{Decision, Error, RedisFailure, Tier};
 use tokio::task::JoinHandle;
 
 /// One check as the load saw it.
@@ -30,6 +30,11 @@ impl Sample {
     /// True when the check succeeded and admitted.
     pub fn allowed(&self) -> bool {
         matches!(&self.result, Ok(d) if d.allowed)
+    }
+
+    /// How the check's own Redis call failed, when the policy answered because of it.
+    pub fn redis_failure(&self) -> Option<RedisFailure> {
+        self.result.as_ref().ok()?.redis_failure
     }
 }
 

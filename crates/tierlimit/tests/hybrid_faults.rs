@@ -189,7 +189,7 @@ async fn scenario(kind: Kind) {
     let failed: Vec<_> = samples
         .0
         .iter()
-        .filter_map(|s| Some((s, s.result.as_ref().ok()?.redis_failure?)))
+        .filter_map(|s| Some((s, s.redis_failure()?)))
         .collect();
     println!(
         "{kind:?}: {} decisions after a failed call: {:?}",
@@ -290,8 +290,7 @@ async fn scenario(kind: Kind) {
         "{kind:?}: Redis decided while Open"
     );
     assert!(
-        open.iter()
-            .all(|s| s.result.as_ref().is_ok_and(|d| d.redis_failure.is_none())),
+        open.iter().all(|s| s.redis_failure().is_none()),
         "{kind:?}: a decision made while Open (no call) says its call failed"
     );
 
