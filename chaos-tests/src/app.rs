@@ -53,7 +53,7 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                 plan.deadline()
             })
             .breaker(breaker())
-            .instances(Instances::Learned { initial: 1 })
+            .instances(Instances::Learned { assume: None })
             .heartbeat_every(Duration::from_millis(200))
             .group("chaos")
             .build()?,

@@ -50,6 +50,19 @@ impl Tier {
 /// The answer to one check, with what an HTTP layer needs (`RateLimit-*` and
 /// `Retry-After` headers) without another call.
 ///
+/// # One meaning per field, whatever the tier
+///
+/// Every tier fills the fields with the same meaning, so headers built from
+/// them mean the same thing during an outage as while Redis is healthy:
+///
+/// | field | meaning | `Redis`, `DenyCache` | `Local` | `FailOpen` | `FailClosed` |
+/// |---|---|---|---|---|---|
+/// | `limit` | the deciding rule's global limit (what the client was promised) | the rule's limit | the rule's limit (not this instance's share) | the first rule's limit | the first rule's limit |
+/// | `remaining` | units the deciding tier will still admit to this key, after this request, before `reset_after` | Redis' count (0 when denied) | this instance's bucket: a lower bound of the fleet's | `limit`: nothing is enforced | 0 |
+/// | `reset_after` | time until the deciding rule is full again, as the deciding tier counts | from Redis | from the local bucket | zero: nothing is counted against the key | `retry_after` |
+/// | `retry_after` | denied only: the earliest a retry of the same request could be admitted | from Redis (the cache: what is left of it) | from the local bucket | `None` | until the breaker's next probe (at least 1 ms) |
+/// | `rule` | index of the deciding rule | the denying rule with the longest wait, or when admitted the one with the fewest remaining | as for Redis | 0 | 0 |
+///
 /// # Examples
 ///
 /// ```
@@ -66,11 +79,13 @@ impl Tier {
 pub struct Decision {
     /// Whether the request is admitted.
     pub allowed: bool,
-    /// The deciding rule's limit.
+    /// The deciding rule's global limit, in every tier (see the table above).
     pub limit: u64,
-    /// Units the deciding rule would still admit right now (0 when denied).
+    /// Units the deciding tier will still admit to this key, after this request,
+    /// before [`reset_after`](Self::reset_after) (0 when denied).
     pub remaining: u64,
-    /// When the deciding rule is back to its full capacity.
+    /// When the deciding rule is back to its full capacity, as the deciding
+    /// tier counts.
     pub reset_after: Duration,
     /// When denied: how long until the same request would be admitted (the
     /// largest wait over the rules that denied). `None` when admitted.

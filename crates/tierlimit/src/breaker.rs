@@ -72,15 +72,13 @@ impl fmt::Display for BreakerState {
 /// Why the breaker changed state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum TransitionReason {
+pub(crate) enum TransitionReason {
     /// [`BreakerConfig::consecutive_failures`] calls in a row failed or timed out.
     ConsecutiveFailures,
     /// The window's failure rate reached [`BreakerConfig::failure_rate_threshold`].
     FailureRate,
     /// The window's slow-call rate reached [`BreakerConfig::slow_call_rate_threshold`].
     SlowCallRate,
-    /// [`Breaker::force_open`] was called (Redis unreachable at start-up).
-    Forced,
     /// The cool-down passed and a probe started.
     CoolDownElapsed,
     /// The probe succeeded.
@@ -91,12 +89,11 @@ pub enum TransitionReason {
 
 impl TransitionReason {
     /// A short lowercase name, used in events.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TransitionReason::ConsecutiveFailures => "consecutive_failures",
             TransitionReason::FailureRate => "failure_rate",
             TransitionReason::SlowCallRate => "slow_call_rate",
-            TransitionReason::Forced => "forced",
             TransitionReason::CoolDownElapsed => "cool_down_elapsed",
             TransitionReason::ProbeSucceeded => "probe_succeeded",
             TransitionReason::ProbeFailed => "probe_failed",
@@ -108,26 +105,26 @@ impl TransitionReason {
 /// sees each transition).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Transition {
+pub(crate) struct Transition {
     /// The state left.
-    pub from: BreakerState,
+    pub(crate) from: BreakerState,
     /// The state entered.
-    pub to: BreakerState,
+    pub(crate) to: BreakerState,
     /// Why.
-    pub reason: TransitionReason,
+    pub(crate) reason: TransitionReason,
 }
 
 /// What recording a failure led to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 #[must_use]
-pub struct FailureOutcome {
+pub(crate) struct FailureOutcome {
     /// The transition this failure caused, if any.
-    pub transition: Option<Transition>,
+    pub(crate) transition: Option<Transition>,
     /// [`BreakerConfig::replace_connection_after`] consecutive timeouts have been
     /// seen since the last time this was true: build a new connection. Exactly one
     /// caller sees it per run of timeouts.
-    pub replace_connection: bool,
+    pub(crate) replace_connection: bool,
 }
 
 // The state word: the state in the low two bits, the end of the cool-down (clock
@@ -168,33 +165,7 @@ fn reset(counter: &AtomicU32) {
 /// [`record_failure`](Self::record_failure), and runs the background probe when
 /// [`try_start_probe`](Self::try_start_probe) says so, reporting it with
 /// [`probe_succeeded`](Self::probe_succeeded) or [`probe_failed`](Self::probe_failed).
-///
-/// # Examples
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::time::Duration;
-/// use tierlimit::{Breaker, BreakerConfig, BreakerState};
-/// use tierlimit_core::FakeClock;
-///
-/// let clock = FakeClock::default();
-/// let breaker = Breaker::new(BreakerConfig::default(), Arc::new(clock.clone()))?;
-/// assert!(breaker.allows_request());
-///
-/// for _ in 0..5 {
-///     let _ = breaker.record_failure(Duration::from_millis(30), true);
-/// }
-/// assert_eq!(breaker.state(), BreakerState::Open);
-/// assert!(!breaker.try_start_probe()); // still cooling down
-///
-/// clock.advance(Duration::from_secs(1));
-/// assert!(breaker.try_start_probe()); // this caller runs the one probe
-/// assert!(!breaker.try_start_probe());
-/// breaker.probe_succeeded();
-/// assert!(breaker.allows_request());
-/// # Ok::<(), tierlimit_core::Error>(())
-/// ```
-pub struct Breaker {
+pub(crate) struct Breaker {
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
     /// State and end of the cool-down in one word (see [`pack`]).
@@ -209,7 +180,7 @@ pub struct Breaker {
 
 impl Breaker {
     /// A closed breaker, after validating `config`.
-    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         config.validate()?;
         metrics::gauge!(STATE_METRIC).set(BreakerState::Closed.gauge_value());
         Ok(Breaker {
@@ -226,18 +197,18 @@ impl Breaker {
     }
 
     /// The settings this breaker was built with.
-    pub fn config(&self) -> &BreakerConfig {
+    pub(crate) fn config(&self) -> &BreakerConfig {
         &self.config
     }
 
     /// The current state.
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         state_of(self.word.load(Ordering::Acquire))
     }
 
     /// True only when Closed: whether a check may call Redis. Ask before any I/O.
     #[inline]
-    pub fn allows_request(&self) -> bool {
+    pub(crate) fn allows_request(&self) -> bool {
         self.word.load(Ordering::Acquire) & STATE_MASK == CLOSED
     }
 
@@ -246,7 +217,7 @@ impl Breaker {
     ///
     /// Outside Closed it only ends a run of timeouts: calls that were already in
     /// flight when the breaker opened do not count.
-    pub fn record_success(&self, latency: Duration) -> Option<Transition> {
+    pub(crate) fn record_success(&self, latency: Duration) -> Option<Transition> {
         reset(&self.consecutive_timeouts);
         if !self.allows_request() {
             return None;
@@ -261,7 +232,7 @@ impl Breaker {
     ///
     /// Timeouts count towards [`FailureOutcome::replace_connection`] in every state;
     /// outside Closed nothing else is recorded.
-    pub fn record_failure(&self, latency: Duration, timeout: bool) -> FailureOutcome {
+    pub(crate) fn record_failure(&self, latency: Duration, timeout: bool) -> FailureOutcome {
         let replace_connection = self.count_timeout(timeout);
         if !self.allows_request() {
             return FailureOutcome {
@@ -291,7 +262,7 @@ impl Breaker {
     ///
     /// [`probe_succeeded`]: Self::probe_succeeded
     /// [`probe_failed`]: Self::probe_failed
-    pub fn try_start_probe(&self) -> bool {
+    pub(crate) fn try_start_probe(&self) -> bool {
         let word = self.word.load(Ordering::Acquire);
         let until = word >> STATE_BITS;
         if word & STATE_MASK != OPEN || nanos(self.clock.now()) < until {
@@ -316,7 +287,7 @@ impl Breaker {
     /// HalfOpen → Closed: the window and the consecutive counts start afresh and the
     /// cool-down returns to its base. Only the probe's owner calls this; `None` when
     /// no probe was in flight.
-    pub fn probe_succeeded(&self) -> Option<Transition> {
+    pub(crate) fn probe_succeeded(&self) -> Option<Transition> {
         let word = self.word.load(Ordering::Acquire);
         if word & STATE_MASK != HALF_OPEN {
             return None;
@@ -343,7 +314,7 @@ impl Breaker {
     /// backoff_multiplier ^ failed probes`, capped at `max_cool_down`, then jittered
     /// downwards). A probe that timed out counts towards
     /// [`FailureOutcome::replace_connection`]. Only the probe's owner calls this.
-    pub fn probe_failed(&self, timeout: bool) -> FailureOutcome {
+    pub(crate) fn probe_failed(&self, timeout: bool) -> FailureOutcome {
         let replace_connection = self.count_timeout(timeout);
         let word = self.word.load(Ordering::Acquire);
         let transition = if word & STATE_MASK == HALF_OPEN {
@@ -359,39 +330,33 @@ impl Breaker {
         }
     }
 
-    /// Closed → Open without waiting for failures, e.g. when Redis is unreachable at
-    /// start-up: the first probe runs after the cool-down. `None` when not Closed.
-    pub fn force_open(&self) -> Option<Transition> {
-        self.open(CLOSED, TransitionReason::Forced)
-    }
-
     /// The cool-down of the latest opening, jitter included; the base cool-down
     /// when the breaker has not opened since it last closed.
-    pub fn current_cool_down(&self) -> Duration {
+    pub(crate) fn current_cool_down(&self) -> Duration {
         Duration::from_nanos(self.cool_down_nanos.load(Ordering::Relaxed))
     }
 
     /// When Open: the clock time ([`Clock::now`]) from which a probe may start.
-    pub fn open_until(&self) -> Option<Duration> {
+    pub(crate) fn open_until(&self) -> Option<Duration> {
         let word = self.word.load(Ordering::Acquire);
         (word & STATE_MASK == OPEN).then(|| Duration::from_nanos(word >> STATE_BITS))
     }
 
     /// When Open: how long until a probe may start (zero once it may). `None` when
     /// Closed, or HalfOpen with a probe in flight.
-    pub fn time_until_probe(&self) -> Option<Duration> {
+    pub(crate) fn time_until_probe(&self) -> Option<Duration> {
         self.open_until()
             .map(|until| until.saturating_sub(self.clock.now()))
     }
 
     /// How many transitions this breaker has made.
-    pub fn transitions(&self) -> u64 {
+    pub(crate) fn transitions(&self) -> u64 {
         self.transitions.load(Ordering::Relaxed)
     }
 
     /// The state as the `tierlimit_breaker_state` gauge shows it: 0 closed, 1 open,
     /// 2 half-open.
-    pub fn state_gauge_value(&self) -> f64 {
+    pub(crate) fn state_gauge_value(&self) -> f64 {
         self.state().gauge_value()
     }
 
@@ -860,19 +825,6 @@ mod tests {
     }
 
     #[test]
-    fn force_open_waits_the_cool_down_then_probes() {
-        let (breaker, clock) = breaker(exact());
-        assert_eq!(breaker.force_open(), opened(TransitionReason::Forced));
-        assert_eq!(breaker.force_open(), None);
-        assert!(!breaker.allows_request());
-        assert_eq!(breaker.time_until_probe(), Some(Duration::from_millis(250)));
-        clock.advance(Duration::from_millis(250));
-        assert!(breaker.try_start_probe());
-        assert!(breaker.probe_succeeded().is_some());
-        assert!(breaker.allows_request());
-    }
-
-    #[test]
     fn replace_the_connection_after_consecutive_timeouts() {
         // Keep the breaker closed throughout: too few calls to judge rates.
         let config = BreakerConfig {
@@ -906,7 +858,11 @@ mod tests {
 
         // Probes that time out count too: with the breaker open they are the only
         // calls left, and a hung socket must still be replaced.
-        assert!(breaker.force_open().is_some());
+        assert!(
+            breaker
+                .trip(TransitionReason::ConsecutiveFailures)
+                .is_some()
+        );
         clock.advance(Duration::from_millis(250));
         assert!(breaker.try_start_probe());
         assert!(breaker.probe_failed(true).replace_connection);

@@ -19,7 +19,7 @@
 //!
 //! The crates underneath: [`tierlimit_core`] (the vocabulary), `tierlimit-redis`
 //! (the global tier), `tierlimit-local` (the local tier). This crate joins them:
-//! the [`Breaker`], the [`HybridLimiter`] with its policies and background tasks
+//! the circuit breaker, the [`HybridLimiter`] with its policies and background tasks
 //! (probe, heartbeat, pruning) and the reconciler that writes what was admitted
 //! locally during an outage back to Redis.
 //!
@@ -63,13 +63,13 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod breaker;
+mod instances;
 mod limiter;
 mod reconcile;
 mod tasks;
+mod view;
 
-pub use breaker::{
-    Breaker, BreakerConfig, BreakerState, FailureOutcome, Transition, TransitionReason,
-};
+pub use breaker::{BreakerConfig, BreakerState};
 pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances};
 pub use reconcile::{ReconcileConfig, ReconcileStats};
 pub use tierlimit_core::{
@@ -77,3 +77,4 @@ pub use tierlimit_core::{
     SystemClock, Tier,
 };
 pub use tierlimit_local::LocalConfig;
+pub use view::{BreakerView, LedgerView, LocalView};

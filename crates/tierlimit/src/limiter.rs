@@ -1,7 +1,6 @@
 //! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
@@ -14,20 +13,54 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
+use crate::instances::InstanceCount;
 use crate::reconcile::{ReconcileConfig, ReconcileStats, Reconciler};
 use crate::tasks;
+use crate::view::{BreakerView, LocalView};
+
+/// The shortest heartbeat interval: a beat is a script call on Redis.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+/// The shortest pruning interval.
+const MIN_PRUNE: Duration = Duration::from_millis(1);
+/// The longest interval of a periodic task: a longer one would leave the
+/// instance count or the local maps stale for longer than any useful window.
+const MAX_PERIODIC: Duration = Duration::from_secs(60 * 60);
+/// The longest instance TTL: an instance gone for a day no longer shares any
+/// limit worth keeping its share small for.
+const MAX_INSTANCE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+fn in_range(field: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::InvalidConfig {
+            what: format!("{field} must be {min:?} to {max:?} (got {value:?})"),
+        });
+    }
+    Ok(())
+}
 
 /// How many limiter instances share the global limit.
+///
+/// Local shares are `ceil(limit / instances)`. A learned count is the largest
+/// the heartbeat reported within [`instance_ttl`](HybridLimiterBuilder::instance_ttl),
+/// so it never falls faster than instances can really leave (Redis that comes
+/// back empty reports 1, then 2, before every instance has beaten again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Instances {
     /// A fixed count, from configuration.
     Fixed(u64),
-    /// Learned from a heartbeat set in Redis while it is healthy; until the first
-    /// heartbeat answers (Redis down at start-up) the given count is assumed.
+    /// Learned from a heartbeat set in Redis while it is healthy.
+    ///
+    /// Until the first heartbeat answers (Redis down at start-up), `assume` is
+    /// used. With `assume: None` (the default) the count is unknown and
+    /// [`Policy::LocalFallback`] does not guess it: its rule sets are answered
+    /// by the [overflow policy](HybridLimiterBuilder::overflow_policy)
+    /// (fail-closed by default) until the count is learned, because assuming
+    /// one instance would hand every new instance of a rolling deploy the
+    /// whole limit.
     Learned {
-        /// The count assumed before Redis has answered once.
-        initial: u64,
+        /// The count assumed before Redis has answered once; `None`: unknown.
+        assume: Option<u64>,
     },
 }
 
@@ -85,8 +118,8 @@ impl HybridLimiterBuilder {
         self
     }
 
-    /// How many instances share the global limit (default: learned, assuming 1
-    /// until Redis has answered once).
+    /// How many instances share the global limit (default: learned, unknown
+    /// until Redis has answered once; see [`Instances::Learned`]).
     pub fn instances(mut self, instances: Instances) -> Self {
         self.instances = instances;
         self
@@ -100,14 +133,14 @@ impl HybridLimiterBuilder {
     }
 
     /// How often the instance count is refreshed while Redis is healthy
-    /// (default 1 s).
+    /// (default 1 s; 10 ms to 1 h).
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
         self.heartbeat_every = every;
         self
     }
 
     /// How long an instance stays counted after its last heartbeat (default
-    /// 30 s, at least twice `heartbeat_every`).
+    /// 30 s; at least twice `heartbeat_every`, at most one day).
     ///
     /// An instance whose breaker is open cannot beat, yet it still admits its
     /// share locally; with a short TTL the instances that still reach Redis
@@ -120,7 +153,7 @@ impl HybridLimiterBuilder {
     }
 
     /// How often idle local keys, expired denials and expired ledger entries are
-    /// pruned (default 10 s).
+    /// pruned (default 10 s; 1 ms to 1 h).
     pub fn prune_every(mut self, every: Duration) -> Self {
         self.prune_every = every;
         self
@@ -151,10 +184,14 @@ impl HybridLimiterBuilder {
     }
 
     /// Validates everything and starts the background tasks (probe, heartbeat,
-    /// pruning). Does no I/O itself: the limiter starts Open and probes, so an
-    /// application starts while Redis is down.
+    /// pruning, reconciliation). Does no I/O itself: the breaker starts Closed
+    /// and the connection is made by the first call, so the first check is
+    /// decided by Redis when it is healthy (under the deadline), and an
+    /// application still starts while Redis is down (its first checks fail
+    /// fast and the breaker trips as for any outage).
     ///
-    /// Must be called inside a Tokio runtime; [`Error::InvalidConfig`] otherwise.
+    /// Every setting out of range is an [`Error::InvalidConfig`] naming the
+    /// field; so is a call outside a Tokio runtime.
     pub fn build(self) -> Result<HybridLimiter> {
         let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
         let url = self
@@ -163,20 +200,27 @@ impl HybridLimiterBuilder {
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
-        let initial = match self.instances {
-            Instances::Fixed(0) | Instances::Learned { initial: 0 } => {
+        let instances = match self.instances {
+            Instances::Fixed(0) | Instances::Learned { assume: Some(0) } => {
                 return Err(invalid("instances must be at least 1"));
             }
-            Instances::Fixed(n) | Instances::Learned { initial: n } => n,
+            Instances::Fixed(n) => InstanceCount::fixed(n),
+            Instances::Learned { assume } => InstanceCount::learned(assume, self.instance_ttl),
         };
-        if self.heartbeat_every.is_zero() || self.prune_every.is_zero() {
-            return Err(invalid("heartbeat_every and prune_every must not be zero"));
-        }
-        if self.instance_ttl < self.heartbeat_every * 2 {
-            return Err(invalid(
-                "instance_ttl must be at least twice heartbeat_every",
-            ));
-        }
+        in_range(
+            "heartbeat_every",
+            self.heartbeat_every,
+            MIN_HEARTBEAT,
+            MAX_PERIODIC,
+        )?;
+        in_range("prune_every", self.prune_every, MIN_PRUNE, MAX_PERIODIC)?;
+        // Both bounds are far from overflowing: heartbeat_every is at most an hour.
+        in_range(
+            "instance_ttl",
+            self.instance_ttl,
+            self.heartbeat_every * 2,
+            MAX_INSTANCE_TTL,
+        )?;
         // The group name becomes part of a Redis key: hold it to the rule set name rules.
         let group = RuleSet::new(self.group, [Rule::per_second(1)?])
             .map_err(|_| invalid("group must be 1 to 64 characters from [A-Za-z0-9_.-]"))?
@@ -197,7 +241,6 @@ impl HybridLimiterBuilder {
         self.reconcile.validate()?;
         let breaker = Breaker::new(self.breaker, self.clock.clone())?;
         let local = LocalTier::new(self.local, self.clock.clone())?;
-        breaker.force_open();
         let instance_id = format!("{:016x}-{}", fastrand::u64(..), std::process::id());
         let inner = Arc::new(Inner {
             redis,
@@ -207,7 +250,7 @@ impl HybridLimiterBuilder {
             default_policy: self.default_policy,
             overflow_policy: self.overflow_policy,
             learn_instances: matches!(self.instances, Instances::Learned { .. }),
-            instances: AtomicU64::new(initial),
+            instances,
             heartbeat_key: format!("tl:{{instances}}:{group}"),
             instance_id,
             heartbeat_every: self.heartbeat_every,
@@ -232,7 +275,7 @@ pub(crate) struct Inner {
     default_policy: Policy,
     overflow_policy: Policy,
     pub(crate) learn_instances: bool,
-    pub(crate) instances: AtomicU64,
+    pub(crate) instances: InstanceCount,
     pub(crate) heartbeat_key: String,
     pub(crate) instance_id: String,
     pub(crate) heartbeat_every: Duration,
@@ -297,7 +340,7 @@ impl HybridLimiter {
             client_time: false,
             default_policy: Policy::LocalFallback,
             overflow_policy: Policy::FailClosed,
-            instances: Instances::Learned { initial: 1 },
+            instances: Instances::Learned { assume: None },
             group: "default".into(),
             heartbeat_every: Duration::from_secs(1),
             instance_ttl: Duration::from_secs(30),
@@ -363,14 +406,15 @@ impl HybridLimiter {
         self.inner.breaker.state()
     }
 
-    /// The breaker, for inspection (cool-down, transitions).
-    pub fn breaker(&self) -> &Breaker {
-        &self.inner.breaker
+    /// The breaker, read only (state, cool-down, transitions).
+    pub fn breaker(&self) -> BreakerView<'_> {
+        BreakerView::new(&self.inner.breaker)
     }
 
-    /// The instance count local buckets are sized for now.
-    pub fn instances(&self) -> u64 {
-        self.inner.instances.load(Ordering::Relaxed)
+    /// The instance count local buckets are sized for now; `None` while it has
+    /// never been learned (see [`Instances::Learned`]).
+    pub fn instances(&self) -> Option<u64> {
+        self.inner.instances.get()
     }
 
     /// What the reconciler has done since the limiter started, and what waits.
@@ -378,20 +422,20 @@ impl HybridLimiter {
         self.inner.reconciler.stats(&self.inner)
     }
 
-    /// The local tier, for inspection (key count, ledger).
-    pub fn local(&self) -> &LocalTier {
-        &self.inner.local
+    /// The local tier, read only (key counts, ledger).
+    pub fn local(&self) -> LocalView<'_> {
+        LocalView::new(&self.inner.local)
     }
 
     /// Waits until the breaker is Closed (Redis answered a probe), or `timeout` passes;
-    /// true when Closed.
+    /// true when Closed. Any timeout is fine, [`Duration::MAX`] included.
     pub async fn wait_closed(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
         loop {
             if self.breaker_state() == BreakerState::Closed {
                 return true;
             }
-            if Instant::now() >= deadline {
+            if started.elapsed() >= timeout {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -421,12 +465,19 @@ impl Inner {
     }
 
     /// The rule set's policy's answer while Redis cannot be asked.
+    ///
+    /// Local fallback needs this instance's share, so while the instance count
+    /// is unknown (never learned, nothing assumed) the overflow policy answers,
+    /// as it does when the local tier has no room for the key.
     fn fallback(&self, escaped: &str, set: &RuleSet, cost: u64) -> Decision {
         match set.policy().unwrap_or(self.default_policy) {
             Policy::LocalFallback => {
-                let instances = self.instances.load(Ordering::Relaxed);
-                match self.local.check(escaped, set, cost, instances, true) {
-                    LocalAnswer::Decided(d) => d,
+                let answer = self
+                    .instances
+                    .get()
+                    .map(|n| self.local.check(escaped, set, cost, n, true));
+                match answer {
+                    Some(LocalAnswer::Decided(d)) => d,
                     _ => self.fixed_answer(self.overflow_policy, escaped, set, cost),
                 }
             }
@@ -434,12 +485,14 @@ impl Inner {
         }
     }
 
+    /// The answer of a policy that counts nothing (see [`Decision`] for what its
+    /// fields mean then).
     fn fixed_answer(&self, policy: Policy, escaped: &str, set: &RuleSet, cost: u64) -> Decision {
         let limit = set.rules().first().map_or(0, Rule::limit);
         if policy == Policy::FailOpen {
             // Admitted without any bucket: still owed to Redis like a local admission.
             self.local.record(escaped, set, cost);
-            Decision::allowed(limit, 0, Duration::ZERO, 0, Tier::FailOpen)
+            Decision::allowed(limit, limit, Duration::ZERO, 0, Tier::FailOpen)
         } else {
             // Retry once Redis may be back: after the next probe.
             let retry = self

@@ -3,7 +3,6 @@
 //! Each task holds a `Weak` reference, so a dropped limiter's tasks end by
 //! themselves even before they are aborted.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -85,10 +84,18 @@ async fn beat(inner: &Inner) {
         .await
     {
         Ok(count) => {
-            inner.instances.store(count.max(1), Ordering::Relaxed);
-            metrics::gauge!("tierlimit_instances").set(count as f64);
+            let used = inner.instances.heard(count, inner.clock.unix_micros());
+            metrics::gauge!("tierlimit_instances").set(used as f64);
         }
-        Err(e) => tracing::debug!(error = %e, "heartbeat failed; keeping the last instance count"),
+        // A Redis fault is the breaker's business; anything else means the beat
+        // can never work, and the instance count would never be learned.
+        Err(e) if e.redis_failure().is_some() => {
+            tracing::debug!(error = %e, "heartbeat failed; keeping the last instance count")
+        }
+        Err(e) => tracing::error!(
+            error = %e,
+            "heartbeat refused: the instance count cannot be learned with these settings"
+        ),
     }
 }
 

@@ -23,13 +23,13 @@ async fn three_instances_share_the_limit_during_an_outage() {
     let server = RedisServer::start();
     let mut limiters = Vec::new();
     for _ in 0..3 {
-        let b = builder(&server.url()).instances(Instances::Learned { initial: 1 });
+        let b = builder(&server.url()).instances(Instances::Learned { assume: None });
         limiters.push(healthy(b).await);
     }
     assert!(
         wait_for(Duration::from_secs(5), || limiters
             .iter()
-            .all(|l| l.instances() == 3))
+            .all(|l| l.instances() == Some(3)))
         .await,
         "the heartbeat did not teach every limiter there are 3 instances: {:?}",
         limiters.iter().map(|l| l.instances()).collect::<Vec<_>>()
@@ -135,13 +135,13 @@ async fn an_instance_cut_off_from_redis_still_counts_for_the_others() {
     let proxy = tierlimit_test::FaultProxy::start(server.addr()).await;
     let mut limiters = Vec::new();
     for url in [server.url(), server.url(), proxy.url()] {
-        let b = builder(&url).instances(Instances::Learned { initial: 1 });
+        let b = builder(&url).instances(Instances::Learned { assume: None });
         limiters.push(healthy(b).await);
     }
     assert!(
         wait_for(Duration::from_secs(5), || limiters
             .iter()
-            .all(|l| l.instances() == 3))
+            .all(|l| l.instances() == Some(3)))
         .await
     );
     proxy.set(tierlimit_test::Fault::Blackhole);
@@ -149,11 +149,11 @@ async fn an_instance_cut_off_from_redis_still_counts_for_the_others() {
     support::trip(&limiters[2], &trip_set).await;
     // Ten heartbeats of the others (100 ms each) without a beat from the third.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let counts: Vec<u64> = limiters.iter().map(|l| l.instances()).collect();
+    let counts: Vec<Option<u64>> = limiters.iter().map(|l| l.instances()).collect();
     proxy.set(tierlimit_test::Fault::None);
     assert_eq!(
         counts[..2],
-        [3, 3],
+        [Some(3), Some(3)],
         "the reachable instances forgot the cut-off one"
     );
 }

@@ -12,11 +12,11 @@ pub(super) const MAX_WINDOW: u32 = 65_536;
 /// after Redis came back.
 pub(super) const MAX_COOL_DOWN: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Settings of the [`Breaker`](crate::Breaker).
+/// Settings of the limiter's circuit breaker.
 ///
 /// The defaults suit a Redis tier whose calls have a deadline of tens of
 /// milliseconds. Change fields on a default value, then [`validate`](Self::validate)
-/// (or let [`Breaker::new`](crate::Breaker::new) do it).
+/// (or let [`HybridLimiterBuilder::build`](crate::HybridLimiterBuilder::build) do it).
 ///
 /// # Examples
 ///

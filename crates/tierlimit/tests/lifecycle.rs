@@ -1,0 +1,327 @@
+//! The edges of a limiter's life: its first checks after `build()`, the
+//! instance count across a Redis that comes back empty, and what every tier
+//! puts in a `Decision`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::{DEADLINE, breaker, wait_for};
+use tierlimit::{
+    Algorithm, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, Policy, RedisFailure,
+    Rule, RuleSet, Tier,
+};
+use tierlimit_test::{FaultProxy, RedisServer};
+
+/// A builder like production's: learned instance count (unknown until the
+/// first heartbeat), short cool-downs so the tests recover fast.
+fn production(url: &str) -> HybridLimiterBuilder {
+    HybridLimiter::builder()
+        .redis_url(url)
+        .deadline(DEADLINE)
+        .breaker(breaker())
+        .heartbeat_every(Duration::from_millis(100))
+}
+
+fn hourly(limit: u64) -> RuleSet {
+    RuleSet::new("start", [Rule::per_hour(limit).expect("valid")])
+        .expect("valid")
+        .with_policy(Policy::LocalFallback)
+}
+
+/// Regression (issue 9, item 2): `build()` forced the breaker Open and assumed
+/// one instance, so for the first cool-down every new instance answered from a
+/// local bucket of the whole limit: three instances started against a healthy
+/// Redis admitted 3 x 61 of one key. The first check must be Redis'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_checks_after_build_are_decided_by_a_healthy_redis() {
+    const LIMIT: u64 = 61;
+    let server = RedisServer::start();
+    let set = hourly(LIMIT);
+    let limiters: Vec<HybridLimiter> = (0..3)
+        .map(|_| production(&server.url()).build().expect("valid config"))
+        .collect();
+    let mut admitted = 0;
+    let mut slowest = Duration::ZERO;
+    for round in 0..LIMIT {
+        for (i, limiter) in limiters.iter().enumerate() {
+            let started = Instant::now();
+            let d = limiter.check("k", &set, 1).await.expect("valid input");
+            slowest = slowest.max(started.elapsed());
+            assert!(
+                matches!(d.tier, Tier::Redis | Tier::DenyCache),
+                "round {round}, instance {i}: decided by {:?}, not Redis",
+                d.tier
+            );
+            admitted += u64::from(d.allowed);
+        }
+    }
+    assert_eq!(admitted, LIMIT, "the fleet admitted more than the limit");
+    assert!(
+        slowest <= DEADLINE + Duration::from_millis(15),
+        "a first check waited {slowest:?}"
+    );
+}
+
+/// Item 2, Redis dead at start: `build()` does no I/O and succeeds; the first
+/// check fails fast and is answered by the policy. With the instance count
+/// unknown, local fallback does not guess one instance (the whole limit): it
+/// answers by the overflow policy until the count is learned or assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_started_while_redis_is_dead_does_not_assume_one_instance() {
+    const LIMIT: u64 = 61;
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill9();
+    let set = hourly(LIMIT);
+
+    let unknown = production(&url).build().expect("build does no I/O");
+    assert_eq!(unknown.instances(), None);
+    let started = Instant::now();
+    let first = unknown.check("k", &set, 1).await.expect("valid input");
+    assert!(started.elapsed() <= DEADLINE + Duration::from_millis(15));
+    assert_eq!(first.tier, Tier::FailClosed, "{first:?}");
+    assert!(!first.allowed);
+    assert_eq!(first.redis_failure, Some(RedisFailure::ConnectionRefused));
+    let mut admitted = 0;
+    for _ in 0..LIMIT {
+        admitted += u64::from(unknown.check("k", &set, 1).await.expect("valid").allowed);
+    }
+    assert_eq!(
+        admitted, 0,
+        "an instance that cannot know its share admitted locally"
+    );
+
+    // An explicit assumption is honoured: ceil(61 / 3) = 21 locally.
+    let assumed = production(&url)
+        .instances(Instances::Learned { assume: Some(3) })
+        .build()
+        .expect("build does no I/O");
+    let mut admitted = 0;
+    for _ in 0..LIMIT {
+        let d = assumed.check("k", &set, 1).await.expect("valid");
+        assert!(d.tier.is_fallback(), "{d:?}");
+        admitted += u64::from(d.allowed);
+    }
+    assert_eq!(admitted, LIMIT.div_ceil(3));
+
+    // Redis comes back: the count is learned and checks return to Redis.
+    server.restart();
+    assert!(unknown.wait_closed(Duration::from_secs(10)).await);
+    assert!(wait_for(Duration::from_secs(5), || unknown.instances().is_some()).await);
+    assert_eq!(
+        unknown.check("k", &set, 1).await.expect("valid").tier,
+        Tier::Redis
+    );
+}
+
+/// Regression (issue 9, item 5): after Redis restarted empty the heartbeat set
+/// was gone, the first instances to beat learned 1, then 2, and a second
+/// outage within that second gave each the whole limit or half of it: with
+/// three instances and a fixed window of 61 per 2 s, kill -> 2 s healthy ->
+/// kill admitted 83-113 per window of the second outage against a bound of 63.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_does_not_widen_local_shares() {
+    const LIMIT: u64 = 61;
+    const INSTANCES: u64 = 3;
+    const PERIOD_MS: u64 = 2_000;
+    let mut server = RedisServer::start();
+    let limiters: Arc<Vec<HybridLimiter>> = Arc::new(
+        (0..INSTANCES)
+            .map(|_| production(&server.url()).build().expect("valid config"))
+            .collect(),
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || limiters
+            .iter()
+            .all(|l| l.instances() == Some(INSTANCES)))
+        .await,
+        "the heartbeat did not teach every limiter there are 3"
+    );
+    let set = Arc::new(
+        RuleSet::new(
+            "loop",
+            [Rule::with_period(LIMIT, Duration::from_millis(PERIOD_MS))
+                .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+                .expect("valid")],
+        )
+        .expect("valid")
+        .with_policy(Policy::LocalFallback),
+    );
+
+    // Load on one key from every instance; admissions counted per fixed window
+    // (wall clock: the window is aligned to the Unix epoch), with the window's
+    // share of checks answered locally.
+    let per_window = Arc::new(Mutex::new(BTreeMap::<u64, (u64, u64)>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..INSTANCES as usize {
+        let (limiters, set, per_window, stop) = (
+            limiters.clone(),
+            set.clone(),
+            per_window.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = limiters[i].check("hot", &set, 1).await.expect("valid");
+                let window = unix_ms() / PERIOD_MS;
+                {
+                    let mut w = per_window.lock().expect("lock");
+                    let e = w.entry(window).or_default();
+                    e.0 += u64::from(d.allowed);
+                    e.1 += u64::from(d.tier == Tier::Local);
+                }
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.kill9();
+    assert!(
+        wait_for(Duration::from_secs(3), || limiters
+            .iter()
+            .all(|l| l.breaker_state() != BreakerState::Closed))
+        .await
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart();
+    assert!(
+        wait_for(Duration::from_secs(5), || limiters
+            .iter()
+            .all(|l| l.breaker_state() == BreakerState::Closed))
+        .await,
+        "the limiters did not return to Redis"
+    );
+    // About 2 s healthy on an empty Redis: the count must never fall.
+    let healthy_until = Instant::now() + Duration::from_secs(2);
+    let mut lowest = INSTANCES;
+    while Instant::now() < healthy_until {
+        for l in limiters.iter() {
+            lowest = lowest.min(l.instances().unwrap_or(0));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.kill9();
+    let second_outage = unix_ms();
+    tokio::time::sleep(Duration::from_millis(3 * PERIOD_MS + 500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("load task");
+    }
+
+    assert_eq!(
+        lowest, INSTANCES,
+        "an instance used a smaller count while Redis came back empty"
+    );
+    // Windows wholly inside the second outage, with local decisions in them.
+    let first_window = second_outage / PERIOD_MS + 1;
+    let w = per_window.lock().expect("lock");
+    let judged: Vec<(u64, (u64, u64))> = w
+        .range(first_window..first_window + 3)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    assert!(
+        judged.len() >= 2 && judged.iter().all(|(_, (_, local))| *local > 0),
+        "the second outage's windows were not decided locally: {judged:?}"
+    );
+    for (window, (admitted, _)) in &judged {
+        assert!(
+            *admitted <= LIMIT + INSTANCES,
+            "window {window} of the second outage admitted {admitted} > {}",
+            LIMIT + INSTANCES
+        );
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Regression (issue 9, item 16): FailOpen admitted with `remaining = 0` (as
+/// if the next request would be denied), so the fields meant different things
+/// in different tiers. Each tier is held to the one meaning documented on
+/// `Decision`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tier_fills_the_decision_fields_with_one_meaning() {
+    const LIMIT: u64 = 6;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiter = production(&proxy.url())
+        .instances(Instances::Fixed(2))
+        .build()
+        .expect("valid config");
+    let rule = || Rule::per_minute(LIMIT).expect("valid");
+    let set = |name: &str, policy| {
+        RuleSet::new(name, [rule()])
+            .expect("valid")
+            .with_policy(policy)
+    };
+    let (local, open, closed) = (
+        set("local", Policy::LocalFallback),
+        set("open", Policy::FailOpen),
+        set("closed", Policy::FailClosed),
+    );
+
+    // Redis: the global count.
+    let d = limiter.check("a", &local, 1).await.expect("valid");
+    assert_eq!(
+        (d.tier, d.allowed, d.limit, d.remaining),
+        (Tier::Redis, true, LIMIT, LIMIT - 1)
+    );
+    assert!(d.reset_after > Duration::ZERO && d.retry_after.is_none());
+    for _ in 1..LIMIT {
+        limiter.check("a", &local, 1).await.expect("valid");
+    }
+    let denied = limiter.check("a", &local, 1).await.expect("valid");
+    assert_eq!(
+        (denied.tier, denied.allowed, denied.remaining),
+        (Tier::Redis, false, 0)
+    );
+    assert!(denied.retry_after.is_some_and(|r| r > Duration::ZERO));
+    // DenyCache: Redis' denial, with what is left of its wait.
+    let cached = limiter.check("a", &local, 1).await.expect("valid");
+    assert_eq!(
+        (cached.tier, cached.limit, cached.remaining),
+        (Tier::DenyCache, LIMIT, 0)
+    );
+    assert!(cached.retry_after <= denied.retry_after);
+
+    proxy.set(tierlimit_test::Fault::Refuse);
+    support::trip(&limiter, &local).await;
+    // Local: the global limit, this instance's remaining (ceil(6 / 2) = 3 share).
+    let d = limiter.check("b", &local, 1).await.expect("valid");
+    assert_eq!(
+        (d.tier, d.allowed, d.limit, d.remaining),
+        (Tier::Local, true, LIMIT, 2)
+    );
+    assert!(d.reset_after > Duration::ZERO && d.retry_after.is_none());
+    // FailOpen: nothing enforced, nothing counted against the key.
+    let d = limiter.check("b", &open, 1).await.expect("valid");
+    assert_eq!(
+        (
+            d.tier,
+            d.allowed,
+            d.limit,
+            d.remaining,
+            d.reset_after,
+            d.retry_after
+        ),
+        (Tier::FailOpen, true, LIMIT, LIMIT, Duration::ZERO, None)
+    );
+    // FailClosed: nothing left; a retry may pass after the next probe.
+    let d = limiter.check("b", &closed, 1).await.expect("valid");
+    assert_eq!(
+        (d.tier, d.allowed, d.limit, d.remaining),
+        (Tier::FailClosed, false, LIMIT, 0)
+    );
+    let retry = d.retry_after.expect("a denial has a retry-after");
+    assert!(retry >= Duration::from_millis(1));
+    assert_eq!(d.reset_after, retry);
+    proxy.set(tierlimit_test::Fault::None);
+}
