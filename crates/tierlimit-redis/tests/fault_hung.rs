@@ -42,6 +42,7 @@ async fn times_out<T: std::fmt::Debug>(
 
 #[tokio::test]
 async fn paused_server_times_out_within_the_deadline() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let warm = fast_tier(&server.url());
     let cold = fast_tier(&server.url());
@@ -97,6 +98,7 @@ async fn paused_server_times_out_within_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tier_made_while_redis_refuses_works_once_it_accepts() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     tokio::task::block_in_place(|| proxy.set(Fault::Refuse));
@@ -123,6 +125,7 @@ async fn a_tier_made_while_redis_refuses_works_once_it_accepts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_connection_recovers_a_dead_socket() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let tier = fast_tier(&proxy.url());

@@ -6,6 +6,7 @@
 //!   latency, hang, refuse, reset or drop replies, switchable at run time.
 //! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
 //! - [`Load`]: concurrent checks with every decision and latency recorded.
+//! - [`serial`]: one test at a time in a binary whose tests measure latency.
 //!
 //! It is meant for tests: most of it panics with a clear message on failure.
 //! What the chaos suite's programs use as well returns errors instead
@@ -14,9 +15,11 @@
 mod filler;
 mod load;
 mod proxy;
+mod serial;
 mod server;
 
 pub use filler::MemoryFiller;
 pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};
+pub use serial::{serial, serial_blocking};
 pub use server::RedisServer;

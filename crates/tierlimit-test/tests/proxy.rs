@@ -37,6 +37,7 @@ async fn raw_ping(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 
 #[tokio::test]
 async fn passes_through() {
+    let _serial = tierlimit_test::serial().await;
     let (server, proxy, mut conn) = setup().await;
     assert_eq!(proxy.fault(), Fault::None);
     assert_eq!(proxy.upstream(), server.addr().to_string());
@@ -49,6 +50,7 @@ async fn passes_through() {
 
 #[tokio::test]
 async fn latency_delays_replies() {
+    let _serial = tierlimit_test::serial().await;
     let (_server, proxy, mut conn) = setup().await;
     proxy.set(Fault::Latency(Duration::from_millis(100)));
     let started = Instant::now();
@@ -71,6 +73,7 @@ async fn latency_delays_replies() {
 
 #[tokio::test]
 async fn blackhole_hangs_with_the_socket_open() {
+    let _serial = tierlimit_test::serial().await;
     let (_server, proxy, mut conn) = setup().await;
     let mut raw = TcpStream::connect(proxy.addr()).await.expect("connect");
     assert_eq!(raw_ping(&mut raw).await.expect("PING"), b"+PONG\r\n");
@@ -95,6 +98,7 @@ async fn blackhole_hangs_with_the_socket_open() {
 
 #[tokio::test]
 async fn drop_replies_runs_the_command_but_hangs_the_client() {
+    let _serial = tierlimit_test::serial().await;
     let (server, proxy, mut conn) = setup().await;
     proxy.set(Fault::DropReplies);
     let set = timeout(SHORT, conn.set::<_, _, ()>("k", "v")).await;
@@ -105,6 +109,7 @@ async fn drop_replies_runs_the_command_but_hangs_the_client() {
 
 #[tokio::test]
 async fn refuse_then_recover() {
+    let _serial = tierlimit_test::serial().await;
     let (_server, proxy, mut conn) = setup().await;
     proxy.set(Fault::Refuse);
     let started = Instant::now();
@@ -131,6 +136,7 @@ async fn refuse_then_recover() {
 
 #[tokio::test]
 async fn reset_breaks_existing_and_new_connections() {
+    let _serial = tierlimit_test::serial().await;
     let (_server, proxy, mut conn) = setup().await;
     let mut raw = TcpStream::connect(proxy.addr()).await.expect("connect");
     assert_eq!(raw_ping(&mut raw).await.expect("PING"), b"+PONG\r\n");

@@ -317,50 +317,60 @@ async fn scenario(kind: Kind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Kill9).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hang_with_socket_open() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Hang).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_with_empty_script_cache() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::RestartEmpty).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::ScriptFlush).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Oom).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_below_deadline() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::LatencyBelow).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_above_deadline() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::LatencyAbove).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackhole() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Blackhole).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Refuse).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_reset() {
+    let _serial = tierlimit_test::serial().await;
     scenario(Kind::Reset).await;
 }

@@ -37,6 +37,7 @@ fn hourly(limit: u64) -> RuleSet {
 /// Redis admitted 3 x 61 of one key. The first check must be Redis'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_checks_after_build_are_decided_by_a_healthy_redis() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 61;
     let server = RedisServer::start();
     let set = hourly(LIMIT);
@@ -71,6 +72,7 @@ async fn the_first_checks_after_build_are_decided_by_a_healthy_redis() {
 /// answers by the overflow policy until the count is learned or assumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limiter_started_while_redis_is_dead_does_not_assume_one_instance() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 61;
     let mut server = RedisServer::start();
     let url = server.url();
@@ -124,6 +126,7 @@ async fn a_limiter_started_while_redis_is_dead_does_not_assume_one_instance() {
 /// kill admitted 83-113 per window of the second outage against a bound of 63.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_loop_does_not_widen_local_shares() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 61;
     const INSTANCES: u64 = 3;
     const PERIOD_MS: u64 = 2_000;
@@ -249,6 +252,7 @@ fn unix_ms() -> u64 {
 /// `Decision`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tier_fills_the_decision_fields_with_one_meaning() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 6;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
