@@ -25,11 +25,10 @@ use std::time::Duration;
 
 use tierlimit_core::{Clock, Error};
 
+use crate::metrics::Labels;
+
 pub use self::config::BreakerConfig;
 use self::window::{FAILED, RECORDED, SLOW, Window};
-
-const TRANSITIONS_METRIC: &str = "tierlimit_breaker_transitions_total";
-const STATE_METRIC: &str = "tierlimit_breaker_state";
 
 /// Where the breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,14 +175,20 @@ pub(crate) struct Breaker {
     failed_probes: AtomicU32,
     cool_down_nanos: AtomicU64,
     transitions: AtomicU64,
+    labels: Labels,
 }
 
 impl Breaker {
     /// A closed breaker, after validating `config`.
-    pub(crate) fn new(config: BreakerConfig, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+    pub(crate) fn new(
+        config: BreakerConfig,
+        clock: Arc<dyn Clock>,
+        labels: Labels,
+    ) -> Result<Self, Error> {
         config.validate()?;
-        metrics::gauge!(STATE_METRIC).set(BreakerState::Closed.gauge_value());
+        labels.breaker_state(BreakerState::Closed);
         Ok(Breaker {
+            labels,
             window: Window::new(config.window_size),
             cool_down_nanos: AtomicU64::new(nanos(config.cool_down)),
             config,
@@ -354,12 +359,6 @@ impl Breaker {
         self.transitions.load(Ordering::Relaxed)
     }
 
-    /// The state as the `tierlimit_breaker_state` gauge shows it: 0 closed, 1 open,
-    /// 2 half-open.
-    pub(crate) fn state_gauge_value(&self) -> f64 {
-        self.state().gauge_value()
-    }
-
     fn slow_bit(&self, latency: Duration) -> u8 {
         if latency >= self.config.slow_call_threshold {
             SLOW
@@ -440,10 +439,9 @@ impl Breaker {
         reason: TransitionReason,
     ) -> Transition {
         self.transitions.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(TRANSITIONS_METRIC, "from" => from.as_str(), "to" => to.as_str())
-            .increment(1);
+        self.labels.transition(from, to);
         // The state now, not `to`: two transitions racing must not leave a stale gauge.
-        metrics::gauge!(STATE_METRIC).set(self.state_gauge_value());
+        self.labels.breaker_state(self.state());
         let (from_name, reason_name) = (from.as_str(), reason.as_str());
         match to {
             BreakerState::Open => {
@@ -515,7 +513,8 @@ mod tests {
 
     fn breaker(config: BreakerConfig) -> (Breaker, FakeClock) {
         let clock = FakeClock::default();
-        let breaker = Breaker::new(config, Arc::new(clock.clone())).expect("valid config");
+        let breaker = Breaker::new(config, Arc::new(clock.clone()), Labels::new("test"))
+            .expect("valid config");
         (breaker, clock)
     }
 
@@ -554,7 +553,7 @@ mod tests {
         assert_eq!(breaker.state(), BreakerState::Open);
         assert!(!breaker.allows_request());
         assert_eq!(breaker.transitions(), 1);
-        assert_eq!(breaker.state_gauge_value(), 1.0);
+        assert_eq!(breaker.state().gauge_value(), 1.0);
     }
 
     #[test]
@@ -697,7 +696,7 @@ mod tests {
         clock.advance(Duration::from_nanos(1));
         assert!(breaker.try_start_probe());
         assert_eq!(breaker.state(), BreakerState::HalfOpen);
-        assert_eq!(breaker.state_gauge_value(), 2.0);
+        assert_eq!(breaker.state().gauge_value(), 2.0);
         assert!(!breaker.allows_request());
         assert_eq!(breaker.time_until_probe(), None);
         assert!(!breaker.try_start_probe());
@@ -751,7 +750,7 @@ mod tests {
             })
         );
         assert!(breaker.allows_request());
-        assert_eq!(breaker.state_gauge_value(), 0.0);
+        assert_eq!(breaker.state().gauge_value(), 0.0);
         assert_eq!(breaker.transitions(), 5);
         assert_eq!(breaker.current_cool_down(), Duration::from_millis(250));
         assert_eq!(breaker.window.counts(), (0, 0, 0));
@@ -874,7 +873,8 @@ mod tests {
             window_size: 0,
             ..BreakerConfig::default()
         };
-        let err = Breaker::new(config, Arc::new(FakeClock::default())).expect_err("window_size 0");
+        let err = Breaker::new(config, Arc::new(FakeClock::default()), Labels::new("test"))
+            .expect_err("window_size 0");
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
     }
 }

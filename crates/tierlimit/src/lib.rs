@@ -26,24 +26,36 @@
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade (install any
-//! recorder; none is forced), never labelled by key:
+//! recorder; none is forced). Every metric is described (help text and unit)
+//! when a limiter is built. Series of one limiter carry the label `limiter`
+//! (its [name](HybridLimiterBuilder::name), by default its group), so two
+//! limiters in one process keep apart. Labels are bounded: never a key.
 //!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | `tierlimit_decisions_total` | counter | `tier`, `outcome` (allowed, denied) |
-//! | `tierlimit_redis_call_seconds` | histogram | |
-//! | `tierlimit_breaker_state` | gauge (0 closed, 1 open, 2 half-open) | |
-//! | `tierlimit_breaker_transitions_total` | counter | `from`, `to` |
-//! | `tierlimit_deny_cache_hits_total` | counter | |
-//! | `tierlimit_local_keys` | gauge | |
-//! | `tierlimit_local_keys_refused_total` | counter | |
-//! | `tierlimit_instances` | gauge | |
-//! | `tierlimit_ledger_entries`, `tierlimit_ledger_units` | gauge | |
-//! | `tierlimit_ledger_dropped_units_total` | counter | `reason` (expired, overflow) |
-//! | `tierlimit_reconciled_units_total` | counter | |
-//! | `tierlimit_reconcile_batches_retried_total` | counter | |
+//! | name | kind | unit | labels |
+//! |---|---|---|---|
+//! | `tierlimit_decisions_total` | counter | count | `limiter`, `set` (rule set name), `tier`, `outcome` (allowed, denied) |
+//! | `tierlimit_redis_call_seconds` | histogram | seconds | `limiter` |
+//! | `tierlimit_breaker_state` | gauge: 0 closed, 1 open, 2 half-open | count | `limiter` |
+//! | `tierlimit_breaker_transitions_total` | counter | count | `limiter`, `from`, `to` |
+//! | `tierlimit_probes_total` | counter | count | `limiter`, `result` (succeeded, failed) |
+//! | `tierlimit_connections_replaced_total` | counter | count | `limiter` |
+//! | `tierlimit_instances` | gauge (0 while unknown) | count | `limiter` |
+//! | `tierlimit_local_keys` | gauge | count | `limiter` |
+//! | `tierlimit_deny_cache_entries` | gauge | count | `limiter` |
+//! | `tierlimit_warm_keys` | gauge | count | `limiter` |
+//! | `tierlimit_ledger_entries` | gauge | count | `limiter` |
+//! | `tierlimit_ledger_units` | gauge | count | `limiter` |
+//! | `tierlimit_ledger_oldest_seconds` | gauge: drain lag | seconds | `limiter` |
+//! | `tierlimit_reconciled_units_total` | counter | count | `limiter` |
+//! | `tierlimit_reconcile_batches_retried_total` | counter | count | `limiter` |
+//! | `tierlimit_reconcile_parked_total` | counter | count | `limiter` |
+//! | `tierlimit_local_keys_refused_total` | counter | count | |
+//! | `tierlimit_deny_cache_hits_total` | counter | count | |
+//! | `tierlimit_ledger_dropped_units_total` | counter | count | `reason` (expired, overflow, dropped) |
 //!
-//! Breaker transitions and reconcile drains are also `tracing` events.
+//! Breaker transitions and reconcile drains are also `tracing` events, and
+//! every check is a debug-level span, `tierlimit_check` (rule set, a keyed
+//! hash of the key, tier, outcome).
 //!
 //! # Examples
 //!
@@ -65,6 +77,7 @@
 mod breaker;
 mod instances;
 mod limiter;
+mod metrics;
 mod reconcile;
 mod tasks;
 mod view;

@@ -1,6 +1,7 @@
 //! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
 
-use std::sync::Arc;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
@@ -11,9 +12,11 @@ use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
 use crate::instances::InstanceCount;
+use crate::metrics::{self, Labels};
 use crate::reconcile::{ReconcileConfig, ReconcileStats, Reconciler};
 use crate::tasks;
 use crate::view::{BreakerView, LocalView};
@@ -74,6 +77,7 @@ pub struct HybridLimiterBuilder {
     overflow_policy: Policy,
     instances: Instances,
     group: String,
+    name: Option<String>,
     heartbeat_every: Duration,
     instance_ttl: Duration,
     prune_every: Duration,
@@ -129,6 +133,14 @@ impl HybridLimiterBuilder {
     /// set (default `"default"`; `[A-Za-z0-9_.-]`, 1 to 64 characters).
     pub fn group(mut self, group: impl Into<String>) -> Self {
         self.group = group.into();
+        self
+    }
+
+    /// This limiter's name in metrics: the `limiter` label of its series
+    /// (default: the group). Give two limiters of one group in one process
+    /// different names, or their gauges overwrite each other.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -239,7 +251,8 @@ impl HybridLimiterBuilder {
                 .time_source(time),
         )?;
         self.reconcile.validate()?;
-        let breaker = Breaker::new(self.breaker, self.clock.clone())?;
+        let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
+        let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
         let local = LocalTier::new(self.local, self.clock.clone())?;
         let instance_id = format!("{:016x}-{}", fastrand::u64(..), std::process::id());
         let inner = Arc::new(Inner {
@@ -259,7 +272,9 @@ impl HybridLimiterBuilder {
             wake: Notify::new(),
             drain_wake: Arc::new(Notify::new()),
             reconciler: Reconciler::new(self.reconcile),
+            labels,
         });
+        metrics::describe();
         let tasks = tasks::spawn_all(&handle, &inner);
         Ok(HybridLimiter { inner, tasks })
     }
@@ -286,6 +301,7 @@ pub(crate) struct Inner {
     /// Wakes the reconciler when the breaker closes.
     pub(crate) drain_wake: Arc<Notify>,
     pub(crate) reconciler: Reconciler,
+    pub(crate) labels: Labels,
 }
 
 /// A distributed rate limiter that asks Redis while it is healthy and answers by
@@ -342,6 +358,7 @@ impl HybridLimiter {
             overflow_policy: Policy::FailClosed,
             instances: Instances::Learned { assume: None },
             group: "default".into(),
+            name: None,
             heartbeat_every: Duration::from_secs(1),
             instance_ttl: Duration::from_secs(30),
             prune_every: Duration::from_secs(10),
@@ -359,19 +376,46 @@ impl HybridLimiter {
     /// become the rule set's policy's answer, [`Decision::tier`] says where
     /// the answer came from, and [`Decision::redis_failure`] says why, when
     /// this check's own call to Redis failed.
+    ///
+    /// Each check is a `tracing` span at debug level, `tierlimit_check`, with
+    /// the rule set, a hash of the key (never the key itself: keys are user
+    /// data), the tier that decided and whether it admitted.
     pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
+        let span = tracing::debug_span!(
+            "tierlimit_check",
+            set = rule_set.name(),
+            key_hash = tracing::field::Empty,
+            tier = tracing::field::Empty,
+            allowed = tracing::field::Empty,
+        );
+        if span.is_disabled() {
+            return self.decide(key, rule_set, cost).await;
+        }
+        span.record("key_hash", tracing::field::display(KeyHash(key)));
+        let result = self
+            .decide(key, rule_set, cost)
+            .instrument(span.clone())
+            .await;
+        if let Ok(d) = &result {
+            span.record("tier", d.tier.as_str());
+            span.record("allowed", d.allowed);
+        }
+        result
+    }
+
+    async fn decide(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
         validate_key(key)?;
         rule_set.validate_cost(cost)?;
         let inner = &*self.inner;
         let escaped = escape_key(key);
         if let Some(denied) = inner.local.cached_denial(&escaped, rule_set, cost) {
-            return Ok(count(denied));
+            return Ok(inner.count(rule_set, denied));
         }
         if inner.breaker.allows_request() {
             let started = Instant::now();
             let result = inner.redis.check(key, rule_set, cost).await;
             let latency = started.elapsed();
-            metrics::histogram!("tierlimit_redis_call_seconds").record(latency.as_secs_f64());
+            inner.labels.redis_call(latency.as_secs_f64());
             match result {
                 Ok(verdict) => {
                     inner.breaker.record_success(latency);
@@ -386,7 +430,7 @@ impl HybridLimiter {
                             .local
                             .cache_denial(&escaped, rule_set, cost, &decision);
                     }
-                    return Ok(count(decision));
+                    return Ok(inner.count(rule_set, decision));
                 }
                 Err(e) if e.is_bad_input() => return Err(e),
                 Err(e) => {
@@ -394,11 +438,11 @@ impl HybridLimiter {
                     inner.after_failure(outcome);
                     let mut decision = inner.fallback(&escaped, rule_set, cost);
                     decision.redis_failure = e.redis_failure();
-                    return Ok(count(decision));
+                    return Ok(inner.count(rule_set, decision));
                 }
             }
         }
-        Ok(count(inner.fallback(&escaped, rule_set, cost)))
+        Ok(inner.count(rule_set, inner.fallback(&escaped, rule_set, cost)))
     }
 
     /// The breaker's state.
@@ -443,21 +487,31 @@ impl HybridLimiter {
     }
 }
 
-fn count(decision: Decision) -> Decision {
-    let outcome = if decision.allowed {
-        "allowed"
-    } else {
-        "denied"
-    };
-    metrics::counter!("tierlimit_decisions_total", "tier" => decision.tier.as_str(), "outcome" => outcome)
-        .increment(1);
-    decision
+/// A key as it appears in traces: a keyed hash, with a key drawn once per
+/// process, so a trace reader can follow one key within a process but cannot
+/// look a known key up in it.
+struct KeyHash<'a>(&'a str);
+
+impl std::fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        static SEED: OnceLock<RandomState> = OnceLock::new();
+        write!(
+            f,
+            "{:016x}",
+            SEED.get_or_init(RandomState::new).hash_one(self.0)
+        )
+    }
 }
 
 impl Inner {
+    fn count(&self, set: &RuleSet, decision: Decision) -> Decision {
+        self.labels.decision(set, &decision);
+        decision
+    }
+
     pub(crate) fn after_failure(&self, outcome: FailureOutcome) {
-        if outcome.replace_connection {
-            self.redis.replace_connection();
+        if outcome.replace_connection && self.redis.replace_connection() {
+            self.labels.connection_replaced();
         }
         if outcome.transition.is_some() {
             self.wake.notify_one();

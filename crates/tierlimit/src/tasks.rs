@@ -12,6 +12,22 @@ use tokio::task::JoinHandle;
 
 use crate::breaker::BreakerState;
 use crate::limiter::Inner;
+use crate::metrics;
+
+/// The gauges of one limiter, published each pruning round.
+pub(crate) fn publish_gauges(inner: &Inner) {
+    let labels = &inner.labels;
+    labels.breaker_state(inner.breaker.state());
+    labels.gauge(
+        metrics::INSTANCES,
+        inner.instances.get().unwrap_or(0) as f64,
+    );
+    labels.gauge(metrics::LOCAL_KEYS, inner.local.len() as f64);
+    labels.gauge(metrics::DENIAL_CACHE, inner.local.denial_count() as f64);
+    let ledger = inner.local.ledger();
+    labels.gauge(metrics::LEDGER_ENTRIES, ledger.len() as f64);
+    labels.gauge(metrics::LEDGER_UNITS, ledger.units() as f64);
+}
 
 /// Starts every background task of a limiter.
 pub(crate) fn spawn_all(handle: &Handle, inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
@@ -52,12 +68,14 @@ async fn prober(inner: Weak<Inner>) {
                     this.redis.drop_connection();
                     match this.redis.check(&key, &set, 1).await {
                         Ok(_) => {
+                            this.labels.probe(true);
                             this.breaker.probe_succeeded();
                             this.drain_wake.notify_one();
                             // The instance count may have changed during the outage.
                             beat(&this).await;
                         }
                         Err(e) => {
+                            this.labels.probe(false);
                             tracing::debug!(error = %e, "probe failed");
                             // The next probe drops this connection anyway: no replacement here.
                             let _ = this.breaker.probe_failed(e.is_timeout());
@@ -85,7 +103,7 @@ async fn beat(inner: &Inner) {
     {
         Ok(count) => {
             let used = inner.instances.heard(count, inner.clock.unix_micros());
-            metrics::gauge!("tierlimit_instances").set(used as f64);
+            inner.labels.gauge(metrics::INSTANCES, used as f64);
         }
         // A Redis fault is the breaker's business; anything else means the beat
         // can never work, and the instance count would never be learned.
@@ -118,6 +136,6 @@ async fn pruner(inner: Weak<Inner>) {
         let Some(this) = inner.upgrade() else { return };
         this.local.prune();
         this.local.ledger().drop_expired(this.clock.unix_micros());
-        metrics::gauge!("tierlimit_breaker_state").set(this.breaker.state_gauge_value());
+        publish_gauges(&this);
     }
 }
