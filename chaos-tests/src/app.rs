@@ -160,7 +160,7 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
         r.overflow_units,
         r.pending_units,
         r.batches_retried,
-        limiter.instances()
+        limiter.instances().unwrap_or(0)
     ));
     drop(tx);
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;

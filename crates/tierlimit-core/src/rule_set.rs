@@ -1,20 +1,12 @@
 //! Rules checked together, all or nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::{Policy, Rule};
 
 /// The most rules one rule set holds (one script call checks them all).
 pub const MAX_RULES: usize = 16;
-
-/// Windows at least this long are reconciled after an outage by default.
-///
-/// Shorter windows expire before a drain would finish mattering: a request
-/// admitted locally in a 1-second window can no longer change any decision once
-/// Redis is back, so writing it back only costs Redis work.
-pub const RECONCILE_DEFAULT_MIN_PERIOD: Duration = Duration::from_secs(60);
 
 /// A named, non-empty list of [`Rule`]s checked together: a request is admitted
 /// only when every rule admits it, and a denied request consumes nothing in any
@@ -47,6 +39,8 @@ struct Inner {
     rules: Vec<Rule>,
     /// `:<name>:<rule id>` per rule: the part of a storage key after the user key.
     suffixes: Vec<String>,
+    /// The suffixes joined: the name and every rule id, in order.
+    identity: String,
     policy: Option<Policy>,
     reconcile: Option<bool>,
 }
@@ -83,12 +77,13 @@ impl RuleSet {
                 max: MAX_RULES,
             });
         }
-        let suffixes = rules
+        let suffixes: Vec<String> = rules
             .iter()
             .map(|r| format!(":{name}:{}", r.id()))
             .collect();
         Ok(RuleSet {
             inner: Arc::new(Inner {
+                identity: suffixes.concat(),
                 name,
                 rules,
                 suffixes,
@@ -103,9 +98,15 @@ impl RuleSet {
         self.modify(|inner| inner.policy = Some(policy))
     }
 
-    /// Turns reconciliation after an outage on or off for every rule of this set,
-    /// overriding the default (on for periods of at least
-    /// [`RECONCILE_DEFAULT_MIN_PERIOD`]).
+    /// Turns reconciliation after an outage on or off for every rule of this set
+    /// (default: on).
+    ///
+    /// On, what the local tier admitted while Redis could not be asked is
+    /// written back once it answers, for every rule whose window is still
+    /// live. A short window matters too: a 2 s window of 61 admitted 68-124
+    /// around a heal without the write-back (Redis' 61 plus what was admitted
+    /// locally), 63-66 with it (measured for issue 9). A write-back whose
+    /// window has passed is dropped without a Redis call.
     pub fn with_reconcile(self, on: bool) -> RuleSet {
         self.modify(|inner| inner.reconcile = Some(on))
     }
@@ -115,6 +116,7 @@ impl RuleSet {
             name: shared.name.clone(),
             rules: shared.rules.clone(),
             suffixes: shared.suffixes.clone(),
+            identity: shared.identity.clone(),
             policy: shared.policy,
             reconcile: shared.reconcile,
         });
@@ -127,6 +129,21 @@ impl RuleSet {
     /// The name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// What state is keyed by, on Redis and locally: the name and the id of
+    /// every rule, in order. Two rule sets with the same identity share their
+    /// counters (their policy and reconcile setting may differ); two with the
+    /// same name and different rules never do.
+    ///
+    /// A rule's id changes whenever anything that shapes its state changes
+    /// (algorithm, limit, period, burst, UTC offset). So editing a rule (say,
+    /// during a rolling deploy) starts it afresh: on Redis under a new key (the
+    /// old key expires by its TTL), and locally in new buckets, with no cached
+    /// denial or warm seed from the old rule. Instances still running the old
+    /// rule keep counting under the old key until they are replaced.
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
     }
 
     /// The rules, in the order they were given (decisions name rules by index).
@@ -142,11 +159,7 @@ impl RuleSet {
     /// Whether what rule `index` admitted locally during an outage is written back
     /// to Redis afterwards.
     pub fn reconciles(&self, index: usize) -> bool {
-        match (self.inner.reconcile, self.inner.rules.get(index)) {
-            (_, None) => false,
-            (Some(on), Some(_)) => on,
-            (None, Some(rule)) => rule.period() >= RECONCILE_DEFAULT_MIN_PERIOD,
-        }
+        index < self.inner.rules.len() && self.inner.reconcile.unwrap_or(true)
     }
 
     /// Checks a cost against every rule: 0 is [`Error::ZeroCost`], more than a
@@ -210,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn reconcile_defaults_by_period() {
+    fn every_rule_reconciles_by_default() {
         let set = RuleSet::new(
             "s",
             [
@@ -219,10 +232,12 @@ mod tests {
             ],
         )
         .expect("valid");
-        assert!(!set.reconciles(0));
-        assert!(set.reconciles(1));
-        let set = set.with_reconcile(true);
+        // Regression (issue 9, item 6): rules under a minute were left out.
         assert!(set.reconciles(0));
+        assert!(set.reconciles(1));
+        assert!(!set.reconciles(2));
+        let set = set.with_reconcile(false);
+        assert!(!set.reconciles(0));
     }
 
     #[test]

@@ -120,12 +120,6 @@ impl Ledger {
         dropped
     }
 
-    /// Publishes the gauges `tierlimit_ledger_entries` and `tierlimit_ledger_units`.
-    pub fn publish_gauges(&self) {
-        metrics::gauge!("tierlimit_ledger_entries").set(self.len() as f64);
-        metrics::gauge!("tierlimit_ledger_units").set(self.units() as f64);
-    }
-
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -85,10 +85,12 @@ pub enum LocalAnswer {
 
 #[derive(Debug)]
 struct Bucket {
-    /// The rule set and instance count the slots were made for: a reloaded rule
-    /// set or a new instance count starts the key afresh.
+    /// The rule set the slots were made for (its identity is the map key).
     set: RuleSet,
+    /// The instance count and outage the slots were made for: a new count or a
+    /// new outage starts the key afresh, from its warm seed.
     instances: u64,
+    outage: u64,
     slots: Vec<Slot>,
 }
 
@@ -138,12 +140,19 @@ pub struct LocalTier {
     warm: BoundedMap<String, Warm>,
     ledger: Ledger,
     refused: AtomicU64,
+    /// Which outage buckets belong to; see [`LocalTier::end_outage`].
+    outage: AtomicU64,
 }
 
+/// Local state is keyed like Redis state: by the rule set's identity (its
+/// name and rule ids), so two sets that share a name but not their rules (or
+/// a rule edited during a rolling deploy) never reset each other's buckets or
+/// apply each other's denials.
 fn map_key(set: &RuleSet, escaped_key: &str) -> String {
-    // Neither names nor keys hold control characters, so this is unambiguous.
-    let mut k = String::with_capacity(set.name().len() + 1 + escaped_key.len());
-    k.push_str(set.name());
+    // Neither identities nor keys hold control characters, so this is unambiguous.
+    let identity = set.identity();
+    let mut k = String::with_capacity(identity.len() + 1 + escaped_key.len());
+    k.push_str(identity);
     k.push('\u{1f}');
     k.push_str(escaped_key);
     k
@@ -164,7 +173,18 @@ impl LocalTier {
             warm: BoundedMap::new(config.max_warm_keys),
             ledger: Ledger::new(config.max_ledger_entries),
             refused: AtomicU64::new(0),
+            outage: AtomicU64::new(0),
         })
+    }
+
+    /// Ends the current outage: Redis answers again. Every bucket made so far
+    /// is stale from now on, and the next outage starts each key from what
+    /// Redis last reported (its warm seed), never from an older outage's
+    /// bucket: a key that used its local share in one outage, then Redis for a
+    /// while, would otherwise meet the next outage with the leftover of the
+    /// first, which with hourly or daily rules admits about twice the limit.
+    pub fn end_outage(&self) {
+        self.outage.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Checks `cost` units for `escaped_key` against this instance's share of
@@ -181,6 +201,7 @@ impl LocalTier {
         record: bool,
     ) -> LocalAnswer {
         let now = self.clock.unix_micros();
+        let outage = self.outage.load(Ordering::Relaxed);
         let key = map_key(set, escaped_key);
         let shares: Vec<Share> = set
             .rules()
@@ -192,6 +213,7 @@ impl LocalTier {
             Bucket {
                 set: set.clone(),
                 instances,
+                outage,
                 slots: set
                     .rules()
                     .iter()
@@ -216,7 +238,7 @@ impl LocalTier {
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
         };
-        if bucket.instances != instances || bucket.set != *set {
+        if bucket.instances != instances || bucket.outage != outage {
             *bucket = fresh_slots(bucket.key());
         }
         let evals: Vec<slot::Eval> = set
@@ -342,21 +364,20 @@ impl LocalTier {
         Some(decision)
     }
 
-    /// Forgets what no longer matters: buckets back to full, expired denials and
-    /// warm-start values; returns memory to the allocator and updates the gauges.
+    /// Forgets what no longer matters: buckets of an ended outage or back to
+    /// full, expired denials and warm-start values; returns memory to the
+    /// allocator.
     pub fn prune(&self) {
         let now = self.clock.unix_micros();
+        let outage = self.outage.load(Ordering::Relaxed);
         self.buckets.retain(|_, b| {
-            !b.set
-                .rules()
-                .iter()
-                .zip(&b.slots)
-                .all(|(rule, slot)| slot::is_idle(rule, Share::of(rule, b.instances), *slot, now))
+            b.outage == outage
+                && !b.set.rules().iter().zip(&b.slots).all(|(rule, slot)| {
+                    slot::is_idle(rule, Share::of(rule, b.instances), *slot, now)
+                })
         });
         self.denials.retain(|_, d| d.until_us > now);
         self.warm.retain(|_, w| w.expires_us > now);
-        metrics::gauge!("tierlimit_local_keys").set(self.buckets.len() as f64);
-        self.ledger.publish_gauges();
     }
 
     /// Number of local buckets.
@@ -372,6 +393,11 @@ impl LocalTier {
     /// Number of cached denials.
     pub fn denial_count(&self) -> usize {
         self.denials.len()
+    }
+
+    /// Number of keys whose last Redis-reported state is kept for warm starts.
+    pub fn warm_count(&self) -> usize {
+        self.warm.len()
     }
 
     /// Checks refused because the bucket map was full.

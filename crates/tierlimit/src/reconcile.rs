@@ -34,9 +34,11 @@ pub struct ReconcileConfig {
     /// under 100 µs, so a check that arrives behind it keeps its latency; on a
     /// 2-core machine batches of 16 doubled the checks' p99 during a drain).
     pub batch_size: usize,
-    /// The share of wall time a drain may spend on batches, in (0, 1]
+    /// The share of wall time a drain may spend on batches, in [0.01, 1]
     /// (default 0.5): the drain rests as long as its batches took, in rests of
-    /// at least 2 ms, leaving Redis and the CPU to checks.
+    /// at least 2 ms, leaving Redis and the CPU to checks. Below 1 % a drain
+    /// would rest a hundred times as long as it works, and a tiny share's rest
+    /// would not fit a `Duration`.
     pub duty_cycle: f64,
     /// How often the reconciler looks for work when nothing woke it (default 1 s).
     pub idle_poll: Duration,
@@ -52,6 +54,9 @@ impl Default for ReconcileConfig {
     }
 }
 
+/// The smallest duty cycle; see [`ReconcileConfig::duty_cycle`].
+const MIN_DUTY_CYCLE: f64 = 0.01;
+
 impl ReconcileConfig {
     pub(crate) fn validate(&self) -> tierlimit_core::Result<()> {
         if self.batch_size == 0 || self.batch_size > 10_000 {
@@ -62,10 +67,10 @@ impl ReconcileConfig {
                 ),
             });
         }
-        if !(self.duty_cycle > 0.0 && self.duty_cycle <= 1.0) {
+        if !(MIN_DUTY_CYCLE..=1.0).contains(&self.duty_cycle) {
             return Err(tierlimit_core::Error::InvalidConfig {
                 what: format!(
-                    "reconcile.duty_cycle must be in (0, 1] (got {})",
+                    "reconcile.duty_cycle must be in [{MIN_DUTY_CYCLE}, 1] (got {})",
                     self.duty_cycle
                 ),
             });
@@ -257,5 +262,5 @@ async fn drain(inner: &Arc<Inner>) {
             "reconciled the outage ledger"
         );
     }
-    inner.local.ledger().publish_gauges();
+    crate::tasks::publish_gauges(inner);
 }

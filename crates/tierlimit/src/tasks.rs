@@ -24,6 +24,7 @@ pub(crate) fn publish_gauges(inner: &Inner) {
     );
     labels.gauge(metrics::LOCAL_KEYS, inner.local.len() as f64);
     labels.gauge(metrics::DENIAL_CACHE, inner.local.denial_count() as f64);
+    labels.gauge(metrics::WARM_KEYS, inner.local.warm_count() as f64);
     let ledger = inner.local.ledger();
     labels.gauge(metrics::LEDGER_ENTRIES, ledger.len() as f64);
     labels.gauge(metrics::LEDGER_UNITS, ledger.units() as f64);
@@ -70,6 +71,9 @@ async fn prober(inner: Weak<Inner>) {
                         Ok(_) => {
                             this.labels.probe(true);
                             this.breaker.probe_succeeded();
+                            // After the close: checks made while the probe was
+                            // in flight still belong to the outage that ends.
+                            this.local.end_outage();
                             this.drain_wake.notify_one();
                             // The instance count may have changed during the outage.
                             beat(&this).await;

@@ -329,3 +329,97 @@ async fn every_tier_fills_the_decision_fields_with_one_meaning() {
     assert_eq!(d.reset_after, retry);
     proxy.set(tierlimit_test::Fault::None);
 }
+
+/// Admits through `limiter` until `tries` checks were made; returns how many
+/// were admitted and by which tiers.
+async fn hammer(limiter: &HybridLimiter, set: &RuleSet, tries: usize) -> (u64, Vec<Tier>) {
+    let mut admitted = 0;
+    let mut tiers = Vec::new();
+    for _ in 0..tries {
+        let d = limiter.check("hot", set, 1).await.expect("valid");
+        admitted += u64::from(d.allowed);
+        if !tiers.contains(&d.tier) {
+            tiers.push(d.tier);
+        }
+    }
+    (admitted, tiers)
+}
+
+/// Regression (issue 9, item 1): a local bucket outlived its outage. Three
+/// instances, an hourly rule: a first outage in which each instance uses part
+/// of its share, healthy traffic through Redis, a second outage. The second
+/// outage started from the first one's leftover buckets, so the fleet admitted
+/// about twice the limit over the hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_outage_starts_from_what_redis_last_said() {
+    let _serial = tierlimit_test::serial().await;
+    const LIMIT: u64 = 60;
+    const INSTANCES: u64 = 3;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiters: Vec<HybridLimiter> = (0..INSTANCES)
+        .map(|_| {
+            production(&proxy.url())
+                .instances(Instances::Fixed(INSTANCES))
+                .build()
+                .expect("valid config")
+        })
+        .collect();
+    let set = hourly(LIMIT);
+    let mut fleet = 0;
+
+    // Outage 1: each instance admits 10 of its share of 20.
+    proxy.set(tierlimit_test::Fault::Refuse);
+    for l in &limiters {
+        support::trip(
+            l,
+            &RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid"),
+        )
+        .await;
+        let (admitted, tiers) = hammer(l, &set, 10).await;
+        assert_eq!((admitted, tiers), (10, vec![Tier::Local]));
+        fleet += admitted;
+    }
+    proxy.set(tierlimit_test::Fault::None);
+    for l in &limiters {
+        support::drained(l, Duration::from_secs(10)).await;
+    }
+    // Healthy, traffic from every instance in turn: Redis (which now holds
+    // the 30 written back) admits 27 more, and each instance hears what is
+    // left (no denial yet: a cached denial would answer the next outage by
+    // itself and hide its buckets).
+    for _ in 0..9 {
+        for l in &limiters {
+            let (admitted, tiers) = hammer(l, &set, 1).await;
+            assert!(
+                tiers
+                    .iter()
+                    .all(|t| matches!(t, Tier::Redis | Tier::DenyCache))
+            );
+            fleet += admitted;
+        }
+    }
+    assert_eq!(
+        fleet,
+        LIMIT - 3,
+        "Redis did not hold what was admitted locally"
+    );
+
+    // Outage 2: every instance starts from Redis' last word (nothing left).
+    proxy.set(tierlimit_test::Fault::Refuse);
+    for l in &limiters {
+        support::trip(
+            l,
+            &RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid"),
+        )
+        .await;
+        let (admitted, _) = hammer(l, &set, 30).await;
+        fleet += admitted;
+    }
+    proxy.set(tierlimit_test::Fault::None);
+    assert!(
+        fleet <= LIMIT + INSTANCES,
+        "the fleet admitted {fleet} over the hour, bound {}",
+        LIMIT + INSTANCES
+    );
+}
