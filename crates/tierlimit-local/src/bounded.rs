@@ -90,6 +90,13 @@ impl<K: Eq + Hash + Clone, V> BoundedMap<K, V> {
         self.map.shrink_to_fit();
     }
 
+    /// Folds over every entry (one shard locked at a time).
+    pub(crate) fn fold<T>(&self, init: T, mut f: impl FnMut(T, &K, &V) -> T) -> T {
+        self.map
+            .iter()
+            .fold(init, |acc, e| f(acc, e.key(), e.value()))
+    }
+
     /// Clones up to `n` entries.
     pub(crate) fn snapshot(&self, n: usize) -> Vec<(K, V)>
     where

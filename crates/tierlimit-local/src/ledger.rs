@@ -9,9 +9,38 @@ use crate::bounded::BoundedMap;
 #[derive(Debug, Clone)]
 struct Units {
     rule: Rule,
+    /// Everything owed, the units being sent included.
     units: u64,
     first_us: u64,
     last_us: u64,
+    /// The write-back under way, if any: sent (or about to be) under `id`.
+    sending: Option<Sending>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sending {
+    id: u64,
+    units: u64,
+    first_us: u64,
+    last_us: u64,
+}
+
+/// One entry's units on their way to Redis, under an id that makes sending
+/// them twice harmless: the reconcile script remembers, per key, the ids it
+/// applied. A claim that failed (its outcome unknown) is claimed again with
+/// the same id, by whoever gets to it first: the drain, or the next check of
+/// the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Claim {
+    /// The write-back's id (also the reconcile script's marker).
+    pub id: String,
+    /// What is written back.
+    pub entry: LedgerEntry,
+    raw_id: u64,
+    window: u64,
+    /// True when these units had been claimed before under the same id.
+    pub resent: bool,
 }
 
 /// Per Redis key (and per window, for the window algorithms), the units admitted
@@ -20,10 +49,13 @@ struct Units {
 /// Bounded: once `max_entries` entries exist, units for a new entry are counted
 /// in [`overflow_units`](Ledger::overflow_units) (and the metric
 /// `tierlimit_ledger_dropped_units_total{reason="overflow"}`), never silently
-/// dropped. Units for an existing entry always add up.
+/// dropped. Units for an existing entry always add up (saturating at
+/// `u64::MAX`, counted as overflow beyond it).
 ///
-/// An entry leaves the ledger only when [`ack`](Ledger::ack) says Redis applied
-/// it, or when [`drop_expired`](Ledger::drop_expired) finds its window passed.
+/// Units leave the ledger only when [`ack`](Ledger::ack) says Redis applied
+/// their [`Claim`], when [`drop_expired`](Ledger::drop_expired) finds their
+/// window passed, or when [`park`](Ledger::park) sets aside an entry Redis
+/// refuses on its own.
 #[derive(Debug)]
 pub struct Ledger {
     entries: BoundedMap<(String, u64), Units>,
@@ -31,6 +63,7 @@ pub struct Ledger {
     units: AtomicU64,
     overflow_units: AtomicU64,
     expired_units: AtomicU64,
+    parked_units: AtomicU64,
 }
 
 impl Ledger {
@@ -41,6 +74,7 @@ impl Ledger {
             units: AtomicU64::new(0),
             overflow_units: AtomicU64::new(0),
             expired_units: AtomicU64::new(0),
+            parked_units: AtomicU64::new(0),
         }
     }
 
@@ -54,47 +88,113 @@ impl Ledger {
                 units: 0,
                 first_us: now_us,
                 last_us: now_us,
+                sending: None,
             });
-        match entry {
+        let overflow = match entry {
             Some(mut e) => {
-                e.units += units;
-                self.units.fetch_add(units, Ordering::Relaxed);
+                let added = units.min(u64::MAX - e.units);
+                e.units += added;
+                self.units.fetch_add(added, Ordering::Relaxed);
                 e.first_us = e.first_us.min(now_us);
                 e.last_us = e.last_us.max(now_us);
+                units - added
             }
-            None => {
-                self.overflow_units.fetch_add(units, Ordering::Relaxed);
-                metrics::counter!("tierlimit_ledger_dropped_units_total", "reason" => "overflow")
-                    .increment(units);
-            }
+            None => units,
+        };
+        if overflow > 0 {
+            self.overflow_units.fetch_add(overflow, Ordering::Relaxed);
+            metrics::counter!("tierlimit_ledger_dropped_units_total", "reason" => "overflow")
+                .increment(overflow);
         }
     }
 
-    /// Copies up to `n` entries, leaving them in the ledger until acknowledged.
-    pub fn batch(&self, n: usize) -> Vec<LedgerEntry> {
+    /// Claims up to `n` entries for writing back: each keeps its claim's id
+    /// until acknowledged, so one that failed is sent again under the same id.
+    pub fn claim(&self, n: usize) -> Vec<Claim> {
         self.entries
             .snapshot(n)
             .into_iter()
-            .map(|((key, _), u)| LedgerEntry::new(key, u.rule, u.units, u.first_us, u.last_us))
+            .filter_map(|(key, _)| self.claim_one(key))
             .collect()
     }
 
-    /// Removes what `entry` holds (Redis acknowledged it). Units recorded for the
-    /// same key after the batch was taken stay in the ledger.
-    pub fn ack(&self, entry: &LedgerEntry) {
-        let key = (entry.storage_key.clone(), entry.window_index());
-        let empty = match self.entries.get_mut(&key) {
-            Some(mut u) => {
-                let taken = u.units.min(entry.units);
-                u.units -= taken;
-                self.units.fetch_sub(taken, Ordering::Relaxed);
-                u.units == 0
-            }
-            None => false,
+    /// Claims what is owed for `storage_key` under `rule` at `now_us` (the
+    /// current window, and for the window algorithms the one before).
+    pub fn claim_key(&self, storage_key: &str, rule: &Rule, now_us: u64) -> Vec<Claim> {
+        let current = window_index(rule, now_us);
+        [Some(current), current.checked_sub(1)]
+            .into_iter()
+            .flatten()
+            .filter_map(|w| self.claim_one((storage_key.to_owned(), w)))
+            .collect()
+    }
+
+    fn claim_one(&self, key: (String, u64)) -> Option<Claim> {
+        let mut u = self.entries.get_mut(&key)?;
+        let resent = u.sending.is_some();
+        let fresh = Sending {
+            id: fastrand::u64(..),
+            units: u.units,
+            first_us: u.first_us,
+            last_us: u.last_us,
         };
+        let sending = *u.sending.get_or_insert(fresh);
+        let rule = u.rule.clone();
+        drop(u);
+        let (storage_key, window) = key;
+        Some(Claim {
+            id: format!("{:016x}", sending.id),
+            entry: LedgerEntry::new(
+                storage_key,
+                rule,
+                sending.units,
+                sending.first_us,
+                sending.last_us,
+            ),
+            raw_id: sending.id,
+            window,
+            resent,
+        })
+    }
+
+    /// Redis applied `claim` (now or before): its units leave the ledger. Units
+    /// recorded for the key since the claim stay. A stale claim (already
+    /// acknowledged, or its entry dropped) changes nothing. Returns the units
+    /// removed.
+    pub fn ack(&self, claim: &Claim) -> u64 {
+        self.settle(claim, |u, sending| sending.units.min(u.units))
+    }
+
+    /// Redis refused `claim` on its own (a wrong type under its key, say):
+    /// nothing retried will change that, so the whole entry is set aside and
+    /// counted in [`parked_units`](Ledger::parked_units) rather than blocking
+    /// the drain. Returns the units set aside.
+    pub fn park(&self, claim: &Claim) -> u64 {
+        let parked = self.settle(claim, |u, _| u.units);
+        self.parked_units.fetch_add(parked, Ordering::Relaxed);
+        parked
+    }
+
+    fn settle(&self, claim: &Claim, take: impl FnOnce(&Units, &Sending) -> u64) -> u64 {
+        let key = (claim.entry.storage_key.clone(), claim.window);
+        let (taken, empty) = match self.entries.get_mut(&key) {
+            Some(mut u) => match u.sending {
+                Some(sending) if sending.id == claim.raw_id => {
+                    let taken = take(&u, &sending);
+                    u.units -= taken;
+                    u.sending = None;
+                    (taken, u.units == 0)
+                }
+                _ => (0, false),
+            },
+            None => (0, false),
+        };
+        self.units.fetch_sub(taken, Ordering::Relaxed);
         if empty {
-            self.entries.remove_if(&key, |u| u.units == 0);
+            self.entries
+                .remove_if(&key, |u| u.units == 0 && u.sending.is_none());
         }
+        taken
     }
 
     /// Drops the entries that can no longer change any decision at `now_us` and
@@ -144,6 +244,20 @@ impl Ledger {
     pub fn expired_units(&self) -> u64 {
         self.expired_units.load(Ordering::Relaxed)
     }
+
+    /// Units set aside because Redis refused their entry on its own.
+    pub fn parked_units(&self) -> u64 {
+        self.parked_units.load(Ordering::Relaxed)
+    }
+
+    /// When the oldest unit waiting was admitted (µs since the epoch, this
+    /// instance's clock); `None` when nothing waits. Scans every entry: for
+    /// gauges, not for checks.
+    pub fn oldest_us(&self) -> Option<u64> {
+        self.entries.fold(None, |oldest: Option<u64>, _, u| {
+            Some(oldest.map_or(u.first_us, |o| o.min(u.first_us)))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -158,15 +272,61 @@ mod tests {
         let rule = Rule::per_hour(100).expect("valid");
         ledger.record("k".into(), &rule, 2, 100 * S);
         ledger.record("k".into(), &rule, 3, 101 * S);
-        let batch = ledger.batch(10);
+        let batch = ledger.claim(10);
         assert_eq!(batch.len(), 1);
-        assert_eq!(batch[0].units, 5);
-        assert_eq!((batch[0].first_us, batch[0].last_us), (100 * S, 101 * S));
+        assert_eq!(batch[0].entry.units, 5);
+        assert_eq!(
+            (batch[0].entry.first_us, batch[0].entry.last_us),
+            (100 * S, 101 * S)
+        );
         ledger.record("k".into(), &rule, 1, 102 * S);
-        ledger.ack(&batch[0]);
+        assert_eq!(ledger.ack(&batch[0]), 5);
+        assert_eq!(ledger.ack(&batch[0]), 0, "a claim is acknowledged once");
         assert_eq!(ledger.units(), 1);
-        ledger.ack(&ledger.batch(10)[0]);
+        let rest = ledger.claim_key("k", &rule, 103 * S);
+        assert_eq!(rest.len(), 1);
+        assert_ne!(rest[0].id, batch[0].id, "new units, new id");
+        ledger.ack(&rest[0]);
         assert!(ledger.is_empty());
+    }
+
+    /// An unacknowledged claim keeps its id: whoever sends it next (the drain
+    /// or the key's next check) sends the same write-back, which Redis applies
+    /// once.
+    #[test]
+    fn a_claim_is_resent_under_its_id_until_acknowledged() {
+        let ledger = Ledger::new(10);
+        let rule = Rule::per_hour(100).expect("valid");
+        ledger.record("k".into(), &rule, 4, S);
+        let first = ledger.claim(10);
+        ledger.record("k".into(), &rule, 1, 2 * S);
+        let again = ledger.claim_key("k", &rule, 3 * S);
+        assert_eq!(again.len(), 1);
+        assert_eq!((&again[0].id, again[0].entry.units), (&first[0].id, 4));
+        assert!(again[0].resent && !first[0].resent);
+        assert_eq!(
+            ledger.park(&again[0]),
+            5,
+            "parking sets the whole entry aside"
+        );
+        assert_eq!((ledger.units(), ledger.parked_units()), (0, 5));
+        assert!(ledger.is_empty());
+    }
+
+    /// Regression (issue 9, item 22): units added up in a u64 without a check,
+    /// so 2,048 FailOpen checks of cost 2^53 wrapped the ledger's count to 0.
+    #[test]
+    fn units_saturate_instead_of_wrapping() {
+        let ledger = Ledger::new(10);
+        let rule = Rule::per_hour(100).expect("valid");
+        for _ in 0..2_048 {
+            ledger.record("k".into(), &rule, 1 << 53, S);
+        }
+        assert_eq!(ledger.units(), u64::MAX);
+        assert_eq!(
+            ledger.units() as u128 + ledger.overflow_units() as u128,
+            2_048u128 << 53
+        );
     }
 
     #[test]

@@ -44,5 +44,5 @@ mod ledger;
 mod slot;
 mod tier;
 
-pub use ledger::Ledger;
+pub use ledger::{Claim, Ledger};
 pub use tier::{LocalAnswer, LocalConfig, LocalTier};

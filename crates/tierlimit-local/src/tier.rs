@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tierlimit_core::{Clock, Decision, Error, Result, RuleSet, Tier};
 
-use crate::Ledger;
 use crate::bounded::BoundedMap;
 use crate::slot::{self, Share, Slot};
+use crate::{Claim, Ledger};
 
 /// Bounds of the local tier. Every map is bounded; see each field for what
 /// happens when it is full.
@@ -142,6 +142,8 @@ pub struct LocalTier {
     refused: AtomicU64,
     /// Which outage buckets belong to; see [`LocalTier::end_outage`].
     outage: AtomicU64,
+    /// Until when (clock µs) the ended outage's buckets still bound their keys.
+    settle_until_us: AtomicU64,
 }
 
 /// Local state is keyed like Redis state: by the rule set's identity (its
@@ -174,6 +176,7 @@ impl LocalTier {
             ledger: Ledger::new(config.max_ledger_entries),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
+            settle_until_us: AtomicU64::new(0),
         })
     }
 
@@ -183,8 +186,54 @@ impl LocalTier {
     /// bucket: a key that used its local share in one outage, then Redis for a
     /// while, would otherwise meet the next outage with the leftover of the
     /// first, which with hourly or daily rules admits about twice the limit.
-    pub fn end_outage(&self) {
+    ///
+    /// For `settle` after that, a key's bucket from the ended outage still
+    /// bounds it ([`settling`](Self::settling)): instances return from an
+    /// outage at different times (each probes after its own jittered
+    /// cool-down), and until the last one has written back what it admitted,
+    /// Redis undercounts the key. Without this, the first instance back could
+    /// take the key's whole Redis quota on top of what the fleet admitted
+    /// locally in the same window. Pass the longest time the other instances
+    /// may take to come back (the breaker's longest cool-down plus a deadline).
+    pub fn end_outage(&self, settle: Duration) {
+        let until = self
+            .clock
+            .unix_micros()
+            .saturating_add(u64::try_from(settle.as_micros()).unwrap_or(u64::MAX));
+        self.settle_until_us.store(until, Ordering::Relaxed);
         self.outage.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// While the outage that just ended settles (see [`end_outage`](Self::end_outage)):
+    /// charges `cost` to the key's bucket from that outage, if it has one, and
+    /// answers its denial when that bucket has no room, so Redis is not asked
+    /// (the caller asks Redis when this is `None`). Free otherwise.
+    pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+        let now = self.clock.unix_micros();
+        if now >= self.settle_until_us.load(Ordering::Relaxed) {
+            return None;
+        }
+        let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
+        let mut bucket = self.buckets.get_mut(map_key(set, escaped_key).as_str())?;
+        if bucket.outage != ended {
+            return None;
+        }
+        let instances = bucket.instances;
+        let evals: Vec<slot::Eval> = set
+            .rules()
+            .iter()
+            .zip(&bucket.slots)
+            .map(|(r, slot)| slot::evaluate(r, Share::of(r, instances), *slot, now, cost))
+            .collect();
+        let allowed = evals.iter().all(|e| e.ok);
+        if allowed {
+            for (slot, e) in bucket.slots.iter_mut().zip(&evals) {
+                *slot = e.next;
+            }
+            return None;
+        }
+        drop(bucket);
+        Some(decide(set, &evals, false))
     }
 
     /// Checks `cost` units for `escaped_key` against this instance's share of
@@ -264,6 +313,25 @@ impl LocalTier {
             }
         }
         LocalAnswer::Decided(decide(set, &evals, allowed))
+    }
+
+    /// Claims what `escaped_key` still owes Redis under `set`'s rules, so the
+    /// key's next Redis call can carry it; empty (and free) when the ledger is.
+    pub fn claim_pending(&self, escaped_key: &str, set: &RuleSet) -> Vec<Claim> {
+        if self.ledger.is_empty() {
+            return Vec::new();
+        }
+        let now = self.clock.unix_micros();
+        let mut claims = Vec::new();
+        for (i, rule) in set.rules().iter().enumerate() {
+            if set.reconciles(i) {
+                claims.extend(
+                    self.ledger
+                        .claim_key(&set.storage_key(escaped_key, i), rule, now),
+                );
+            }
+        }
+        claims
     }
 
     /// Records `cost` units admitted without Redis for `escaped_key` in the outage
@@ -370,8 +438,9 @@ impl LocalTier {
     pub fn prune(&self) {
         let now = self.clock.unix_micros();
         let outage = self.outage.load(Ordering::Relaxed);
+        let settling = now < self.settle_until_us.load(Ordering::Relaxed);
         self.buckets.retain(|_, b| {
-            b.outage == outage
+            (b.outage == outage || (settling && b.outage + 1 == outage))
                 && !b.set.rules().iter().zip(&b.slots).all(|(rule, slot)| {
                     slot::is_idle(rule, Share::of(rule, b.instances), *slot, now)
                 })

@@ -136,9 +136,9 @@ fn a_rule_set_is_all_or_nothing_locally() {
     assert_eq!(admitted, 3);
     // Each rule was charged only for the admitted three (every rule reconciles
     // by default: a window still live at the heal changes decisions).
-    let entries = local.ledger().batch(10);
-    assert_eq!(entries.len(), 2, "one entry per rule: {entries:?}");
-    assert!(entries.iter().all(|e| e.units == 3), "{entries:?}");
+    let claims = local.ledger().claim(10);
+    assert_eq!(claims.len(), 2, "one entry per rule: {claims:?}");
+    assert!(claims.iter().all(|c| c.entry.units == 3), "{claims:?}");
 }
 
 fn admitted(local: &LocalTier, key: &str, set: &RuleSet, instances: u64, tries: usize) -> usize {
@@ -156,14 +156,14 @@ fn each_outage_starts_from_the_warm_seed_not_an_older_bucket() {
     let set = RuleSet::new("h", [Rule::per_hour(60).expect("valid")]).expect("valid");
     // Outage 1: three instances, a share of 20; this one admits 5 of them.
     assert_eq!(admitted(&local, "k", &set, 3, 5), 5);
-    local.end_outage();
+    local.end_outage(Duration::ZERO);
     // Healthy: Redis takes the rest of the hour's quota down to 3.
     clock.advance(Duration::from_secs(1));
     local.remember("k", &set, [(3, Duration::from_secs(3600))].into_iter());
     // Outage 2: ceil(3 / 3) = 1 from the seed, not the 15 left from outage 1.
     assert_eq!(admitted(&local, "k", &set, 3, 30), 1);
     // Pruning drops what an ended outage left.
-    local.end_outage();
+    local.end_outage(Duration::ZERO);
     local.prune();
     assert!(local.is_empty());
 }

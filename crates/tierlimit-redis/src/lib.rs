@@ -43,7 +43,7 @@ mod tier;
 mod verdict;
 
 pub use config::{RedisTierConfig, TimeSource};
-pub use reconcile::ReconcileReport;
+pub use reconcile::{WriteBack, Written};
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,
     TOKEN_BUCKET,

@@ -11,28 +11,54 @@ use crate::failure::classify_server;
 /// this host and Redis) is still recognised.
 const MARKER_MARGIN_MS: u64 = 60_000;
 
-/// What one [`RedisTier::reconcile`](crate::RedisTier::reconcile) batch did.
+/// One ledger entry to write back, under the id that makes sending it twice
+/// harmless (the script remembers per key the ids it applied).
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBack<'a> {
+    /// The write-back's id, checked like a user key.
+    pub id: &'a str,
+    /// What is written back.
+    pub entry: &'a LedgerEntry,
+}
+
+impl<'a> WriteBack<'a> {
+    /// A write-back of `entry` under `id`.
+    pub fn new(id: &'a str, entry: &'a LedgerEntry) -> Self {
+        WriteBack { id, entry }
+    }
+}
+
+/// What Redis did with one [`WriteBack`].
 ///
 /// # Examples
 ///
 /// ```no_run
-/// # async fn run(tier: &tierlimit_redis::RedisTier, entries: &[tierlimit_core::LedgerEntry]) -> tierlimit_core::Result<()> {
-/// let report = tier.reconcile("batch-0001", entries).await?;
-/// println!(
-///     "{} units written back; {} entries already were; {} had expired",
-///     report.applied_units, report.already_applied, report.expired
-/// );
+/// # async fn run(tier: &tierlimit_redis::RedisTier, entry: &tierlimit_core::LedgerEntry) -> tierlimit_core::Result<()> {
+/// use tierlimit_redis::{WriteBack, Written};
+///
+/// for outcome in tier.reconcile(&[WriteBack::new("wb-0001", entry)]).await? {
+///     match outcome? {
+///         Written::Applied(units) => println!("{units} units written back"),
+///         Written::AlreadyApplied => println!("sent before; nothing changed twice"),
+///         Written::Expired => println!("its window has passed"),
+///         Written::Refused(why) => println!("Redis refuses this entry: {why}"),
+///         _ => {}
+///     }
+/// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ReconcileReport {
-    /// Units written back by this call (capped by the script at one window's worth).
-    pub applied_units: u64,
-    /// Entries this batch id had already written back (a re-sent batch).
-    pub already_applied: usize,
-    /// Entries whose window had passed: nothing left to change.
-    pub expired: usize,
+pub enum Written {
+    /// Written now: this many units (capped by the script at one window's worth).
+    Applied(u64),
+    /// This id was applied to this key before (a re-sent write-back).
+    AlreadyApplied,
+    /// The units' window has passed: nothing left to change.
+    Expired,
+    /// Redis refused this entry on its own (a key of the wrong type, say):
+    /// sending it again changes nothing. The server's message.
+    Refused(String),
 }
 
 /// `EVALSHA` of the reconcile script for one entry (see `lua/reconcile.lua`).
@@ -67,9 +93,14 @@ pub(crate) fn reconcile_cmd(
     cmd
 }
 
-/// Adds one entry's reply to `report`; an error reply or a malformed one is an error.
-pub(crate) fn tally(report: &mut ReconcileReport, reply: Value) -> Result<()> {
+/// One entry's reply. A server error that is the entry's own (the key holds
+/// another type, or the script refused its arguments) is [`Written::Refused`];
+/// any other (out of memory, read-only, loading...) is an error: it may pass.
+pub(crate) fn written(reply: Value) -> Result<Written> {
     if let Value::ServerError(e) = reply {
+        if matches!(e.code(), "WRONGTYPE" | "ERR") {
+            return Ok(Written::Refused(format!("{e}")));
+        }
         return Err(classify_server(e));
     }
     let (status, applied): (i64, i64) = redis::from_redis_value(reply)
@@ -77,12 +108,11 @@ pub(crate) fn tally(report: &mut ReconcileReport, reply: Value) -> Result<()> {
     let applied =
         u64::try_from(applied).map_err(|_| malformed(format!("reconcile applied {applied}")))?;
     match status {
-        1 => report.applied_units += applied,
-        0 => report.already_applied += 1,
-        2 => report.expired += 1,
-        other => return Err(malformed(format!("reconcile status {other}"))),
+        1 => Ok(Written::Applied(applied)),
+        0 => Ok(Written::AlreadyApplied),
+        2 => Ok(Written::Expired),
+        other => Err(malformed(format!("reconcile status {other}"))),
     }
-    Ok(())
 }
 
 fn malformed(what: String) -> Error {

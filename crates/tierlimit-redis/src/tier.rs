@@ -11,17 +11,14 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Cmd, IntoConnectionInfo, RedisError, RedisResult, Script, ServerErrorKind, Value};
 use tierlimit_core::{
-    Clock, Error, LedgerEntry, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
+    Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
 };
 
 use crate::config::{RECONNECT_MIN_DELAY, invalid};
 use crate::failure::{classify, classify_server, timeout};
-use crate::reconcile::{reconcile_cmd, tally};
+use crate::reconcile::{WriteBack, Written, reconcile_cmd, written};
 use crate::verdict::parse_verdict;
-use crate::{
-    CHECK, CheckRequest, HEARTBEAT, RECONCILE, ReconcileReport, RedisTierConfig, TimeSource,
-    Verdict,
-};
+use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 
 /// The global tier: checks rule sets on Redis with the scripts in `lua/`.
 ///
@@ -212,8 +209,9 @@ impl RedisTier {
         }
         if !cmds.is_empty() {
             let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+            let scripts: [&Script; 1] = [&CHECK];
             let outcome = self
-                .call(|conn| pipeline_scripts(conn, &CHECK, &cmds, &mut replies))
+                .call(|conn| pipeline_scripts(conn, &scripts, &cmds, &mut replies))
                 .await;
             if let Err(failure) = &outcome
                 && replies.iter().all(Option::is_none)
@@ -290,40 +288,101 @@ impl RedisTier {
         .map_err(Failure::into_error)
     }
 
-    /// Writes an outage ledger's entries back to Redis through
-    /// `lua/reconcile.lua`, in one pipelined round trip under the deadline,
-    /// debiting each rule's key as if the requests had gone to Redis.
+    /// Writes outage-ledger entries back to Redis through
+    /// `lua/reconcile.lua`, in one pipelined round trip on a connection of
+    /// their own, under the deadline, debiting each rule's key as if the
+    /// requests had gone to Redis.
     ///
-    /// `batch_id` (checked like a user key) makes the call idempotent: each
-    /// key remembers the ids applied to it, so re-sending a batch whose outcome
-    /// was unknown (a timeout) changes nothing twice. `Ok` means every entry
-    /// was acknowledged (written now, written before, or expired); any failure
-    /// is an `Err`, and the whole batch may be re-sent with the same id.
-    pub async fn reconcile(
-        &self,
-        batch_id: &str,
-        entries: &[LedgerEntry],
-    ) -> Result<ReconcileReport> {
-        validate_key(batch_id)?;
-        if entries.is_empty() {
-            return Ok(ReconcileReport::default());
+    /// Each write-back's id (checked like a user key) makes it idempotent:
+    /// each key remembers the ids applied to it, so re-sending one whose
+    /// outcome was unknown (a timeout) changes nothing twice.
+    ///
+    /// `Err` means the call failed as a whole (connection, deadline): any of
+    /// them may have run, and all may be re-sent under their ids. Otherwise
+    /// each write-back has its own outcome, in order: an error there is one
+    /// that may pass (`-OOM`, say); one that cannot is [`Written::Refused`].
+    pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
+        let cmds = self.writeback_cmds(writes)?;
+        if cmds.is_empty() {
+            return Ok(Vec::new());
         }
-        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
-        let cmds: Vec<Cmd> = entries
-            .iter()
-            .map(|e| reconcile_cmd(e, batch_id, &now_arg, local_now_us))
-            .collect();
         let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        let scripts: [&Script; 1] = [&RECONCILE];
         self.call_on(&self.inner.bulk, |conn| {
-            pipeline_scripts(conn, &RECONCILE, &cmds, &mut replies)
+            pipeline_scripts(conn, &scripts, &cmds, &mut replies)
         })
         .await
         .map_err(Failure::into_error)?;
-        let mut report = ReconcileReport::default();
-        for reply in replies {
-            tally(&mut report, reply.ok_or_else(timeout)?)?;
-        }
-        Ok(report)
+        Ok(replies
+            .into_iter()
+            .map(|r| r.ok_or_else(timeout).and_then(written))
+            .collect())
+    }
+
+    /// [`check`](Self::check), with this key's pending write-backs sent first
+    /// in the same pipeline on the checks' connection, so Redis applies them
+    /// before it decides (it runs one connection's commands in order): a key
+    /// never gets its Redis quota before what it used locally is counted.
+    ///
+    /// `Err` when the call failed as a whole or the check itself failed (the
+    /// write-backs may have run: re-send them under their ids).
+    pub async fn check_after(
+        &self,
+        key: &str,
+        set: &RuleSet,
+        cost: u64,
+        writes: &[WriteBack<'_>],
+    ) -> Result<(Verdict, Vec<Result<Written>>)> {
+        let (keys, args) = self.check_call(key, set, cost)?;
+        let mut cmds = self.writeback_cmds(writes)?;
+        cmds.push(evalsha_check(keys, args));
+        let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        let scripts: [&Script; 2] = [&RECONCILE, &CHECK];
+        self.call(|conn| pipeline_scripts(conn, &scripts, &cmds, &mut replies))
+            .await
+            .map_err(Failure::into_error)?;
+        let check = match replies.pop().flatten() {
+            Some(Value::ServerError(e)) => return Err(classify_server(e)),
+            Some(reply) => parse_verdict(reply, set)?,
+            None => return Err(timeout()),
+        };
+        let written = replies
+            .into_iter()
+            .map(|r| r.ok_or_else(timeout).and_then(written))
+            .collect();
+        Ok((check, written))
+    }
+
+    fn writeback_cmds(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Cmd>> {
+        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
+        writes
+            .iter()
+            .map(|w| {
+                validate_key(w.id)?;
+                Ok(reconcile_cmd(w.entry, w.id, &now_arg, local_now_us))
+            })
+            .collect()
+    }
+
+    /// Removes `instance_id` from the heartbeat set `zset_key` (when an
+    /// instance shuts down, so the others widen their shares at once rather
+    /// than after the instance TTL).
+    pub async fn leave(&self, zset_key: &str, instance_id: &str) -> Result<()> {
+        validate_key(zset_key)?;
+        validate_key(instance_id)?;
+        let _: i64 = self
+            .call(|conn| {
+                send_refused_once(conn, |mut c| async move {
+                    redis::cmd("ZREM")
+                        .arg(zset_key)
+                        .arg(instance_id)
+                        .query_async(&mut c)
+                        .await
+                })
+            })
+            .await
+            .map_err(Failure::into_error)?;
+        Ok(())
     }
 
     /// Forgets the current connections (the checks' and the reconcile
@@ -523,12 +582,12 @@ where
     }
 }
 
-/// Pipelines `cmds` (EVALSHA of `script`), reloading the script and re-sending
-/// only the commands that failed with NOSCRIPT. Replies land in `replies` as
-/// they arrive, so what came back survives a later failure.
+/// Pipelines `cmds` (EVALSHA of `scripts`), reloading the scripts and
+/// re-sending only the commands that failed with NOSCRIPT. Replies land in
+/// `replies` as they arrive, so what came back survives a later failure.
 async fn pipeline_scripts(
     conn: ConnectionManager,
-    script: &Script,
+    scripts: &[&Script],
     cmds: &[Cmd],
     replies: &mut [Option<Value>],
 ) -> RedisResult<()> {
@@ -549,10 +608,12 @@ async fn pipeline_scripts(
         commands = missing.len(),
         "script missing on the server: loading it and re-sending"
     );
-    send_refused_once(conn.clone(), |mut c| async move {
-        script.load_async(&mut c).await
-    })
-    .await?;
+    for script in scripts {
+        send_refused_once(conn.clone(), |mut c| async move {
+            script.load_async(&mut c).await
+        })
+        .await?;
+    }
     let again = send_pipeline(&conn, cmds, &missing).await?;
     for (i, reply) in missing.into_iter().zip(again) {
         replies[i] = Some(reply);
@@ -616,7 +677,7 @@ mod tests {
         send(&tier.check_many(&[]));
         send(&tier.ping());
         send(&tier.heartbeat("h", "me", Duration::from_secs(1)));
-        send(&tier.reconcile("b", &[]));
+        send(&tier.reconcile(&[]));
     }
 
     /// The script is flushed between two checks of one pipeline: the first
@@ -639,7 +700,8 @@ mod tests {
         let mut replies = [None, None, None];
         let before = server.command_calls("evalsha").await;
         let conn = tier.connection(&tier.inner.conn).expect("connection");
-        pipeline_scripts(conn, &CHECK, &cmds, &mut replies)
+        let scripts: [&Script; 1] = [&CHECK];
+        pipeline_scripts(conn, &scripts, &cmds, &mut replies)
             .await
             .expect("pipeline");
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tierlimit_core::{Clock, FakeClock, LedgerEntry};
+use tierlimit_redis::{RedisTier, WriteBack, Written};
 use tierlimit_test::RedisServer;
 
 use support::{ALGORITHMS, client_time_tier, rule, set, storage_key};
@@ -37,16 +38,13 @@ async fn ledger_units_count_once() {
         let at = clock.unix_micros() - 1_000;
         let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 3, at, at);
         let batch = format!("b{}", algorithm.code());
-        let report = tier
-            .reconcile(&batch, std::slice::from_ref(&entry))
-            .await
-            .expect("reconcile");
+        let report = write_back(&tier, &batch, std::slice::from_ref(&entry)).await;
         assert_eq!(report.applied_units, 3, "{label}: {report:?}");
         let v = tier.check("k", &set, 1).await.expect("check");
         assert_eq!(v.decision.remaining, 5, "{label}: 1 + 3 + 1 of 10 used");
 
         // The same batch again (its first outcome was, say, a timeout).
-        let report = tier.reconcile(&batch, &[entry]).await.expect("reconcile");
+        let report = write_back(&tier, &batch, &[entry]).await;
         assert_eq!(
             (report.applied_units, report.already_applied),
             (0, 1),
@@ -63,10 +61,7 @@ async fn ledger_units_count_once() {
         {
             let old = clock.unix_micros() - 2 * 3_600_000_000;
             let stale = LedgerEntry::new(storage_key(&set, "k", 0), r, 2, old, old);
-            let report = tier
-                .reconcile(&format!("old{}", algorithm.code()), &[stale])
-                .await;
-            let report = report.expect("reconcile");
+            let report = write_back(&tier, &format!("old{}", algorithm.code()), &[stale]).await;
             assert_eq!((report.applied_units, report.expired), (0, 1), "{label}");
             let v = tier.check("k", &set, 1).await.expect("check");
             assert_eq!(
@@ -98,7 +93,7 @@ async fn reconcile_after_script_flush() {
         .collect();
     for (round, batch) in ["one", "two"].iter().enumerate() {
         server.script_flush().await;
-        let report = tier.reconcile(batch, &entries).await.expect("reconcile");
+        let report = write_back(&tier, batch, &entries).await;
         assert_eq!(report.applied_units, 6, "round {round}");
     }
     assert_eq!(
@@ -108,4 +103,31 @@ async fn reconcile_after_script_flush() {
     );
     let v = tier.check("a", &set, 1).await.expect("check");
     assert_eq!(v.decision.remaining, 5);
+}
+
+/// What a write-back of `entries` under ids `<id>-<i>` did, added up.
+#[derive(Debug, Default)]
+struct Report {
+    applied_units: u64,
+    already_applied: usize,
+    expired: usize,
+}
+
+async fn write_back(tier: &RedisTier, id: &str, entries: &[LedgerEntry]) -> Report {
+    let ids: Vec<String> = (0..entries.len()).map(|i| format!("{id}-{i}")).collect();
+    let writes: Vec<WriteBack<'_>> = ids
+        .iter()
+        .zip(entries)
+        .map(|(id, e)| WriteBack::new(id, e))
+        .collect();
+    let mut report = Report::default();
+    for outcome in tier.reconcile(&writes).await.expect("reconcile") {
+        match outcome.expect("an entry's outcome") {
+            Written::Applied(units) => report.applied_units += units,
+            Written::AlreadyApplied => report.already_applied += 1,
+            Written::Expired => report.expired += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    report
 }

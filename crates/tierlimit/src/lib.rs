@@ -83,7 +83,7 @@ mod tasks;
 mod view;
 
 pub use breaker::{BreakerConfig, BreakerState};
-pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances};
+pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances, ShutdownReport};
 pub use reconcile::{ReconcileConfig, ReconcileStats};
 pub use tierlimit_core::{
     Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet,

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
 use crate::instances::InstanceCount;
 use crate::metrics::{self, Labels};
-use crate::reconcile::{ReconcileConfig, ReconcileStats, Reconciler};
+use crate::reconcile::{self, ReconcileConfig, ReconcileStats, Reconciler};
 use crate::tasks;
 use crate::view::{BreakerView, LocalView};
 
@@ -276,7 +276,11 @@ impl HybridLimiterBuilder {
         });
         metrics::describe();
         let tasks = tasks::spawn_all(&handle, &inner);
-        Ok(HybridLimiter { inner, tasks })
+        Ok(HybridLimiter {
+            inner,
+            tasks,
+            shut_down: false,
+        })
     }
 }
 
@@ -336,12 +340,40 @@ pub(crate) struct Inner {
 pub struct HybridLimiter {
     inner: Arc<Inner>,
     tasks: Vec<JoinHandle<()>>,
+    shut_down: bool,
+}
+
+/// What [`HybridLimiter::shutdown`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Units admitted without Redis that shutdown wrote back.
+    pub written_back_units: u64,
+    /// Units still owed to Redis when the timeout passed (lost with the
+    /// process): 0 when everything was written back.
+    pub undrained_units: u64,
+    /// True when this instance left the heartbeat set, so the others widen
+    /// their shares at once instead of after the instance TTL. False for a
+    /// fixed instance count, or when Redis did not answer.
+    pub left_group: bool,
 }
 
 impl Drop for HybridLimiter {
+    /// Stops the background tasks. Without [`shutdown`](HybridLimiter::shutdown)
+    /// what the ledger still owes Redis is lost: it is counted in
+    /// `tierlimit_ledger_dropped_units_total{reason="dropped"}` and named in a
+    /// warning.
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+        let owed = self.inner.local.ledger().units();
+        if !self.shut_down && owed > 0 {
+            metrics::ledger_lost(owed);
+            tracing::warn!(
+                units = owed,
+                "limiter dropped without shutdown(): units admitted without Redis are lost"
+            );
         }
     }
 }
@@ -412,8 +444,25 @@ impl HybridLimiter {
             return Ok(inner.count(rule_set, denied));
         }
         if inner.breaker.allows_request() {
+            if let Some(denied) = inner.local.settling(&escaped, rule_set, cost) {
+                return Ok(inner.count(rule_set, denied));
+            }
             let started = Instant::now();
-            let result = inner.redis.check(key, rule_set, cost).await;
+            // What this key used locally reaches Redis before its quota does.
+            let claims = inner.local.claim_pending(&escaped, rule_set);
+            let result = if claims.is_empty() {
+                inner.redis.check(key, rule_set, cost).await
+            } else {
+                let writes = reconcile::writes(&claims);
+                inner
+                    .redis
+                    .check_after(key, rule_set, cost, &writes)
+                    .await
+                    .map(|(verdict, written)| {
+                        reconcile::settle(inner, &claims, written);
+                        verdict
+                    })
+            };
             let latency = started.elapsed();
             inner.labels.redis_call(latency.as_secs_f64());
             match result {
@@ -443,6 +492,67 @@ impl HybridLimiter {
             }
         }
         Ok(inner.count(rule_set, inner.fallback(&escaped, rule_set, cost)))
+    }
+
+    /// Stops the limiter without losing what it owes Redis: writes back
+    /// everything the local tier admitted that Redis has not counted yet
+    /// (trying until `timeout` passes, whatever the breaker says), removes this
+    /// instance from the heartbeat set, stops the background tasks, and says
+    /// what it wrote back and what it could not.
+    ///
+    /// Checks stop with it (it takes the limiter): call it once no request
+    /// needs a decision any more, e.g. after the server stopped accepting.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: tierlimit::HybridLimiter) {
+    /// let report = limiter.shutdown(std::time::Duration::from_secs(5)).await;
+    /// if report.undrained_units > 0 {
+    ///     eprintln!("{} units admitted during the outage were not written back", report.undrained_units);
+    /// }
+    /// # }
+    /// ```
+    pub async fn shutdown(mut self, timeout: Duration) -> ShutdownReport {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let inner = &*self.inner;
+        let started = Instant::now();
+        let mut report = ShutdownReport::default();
+        let ledger = inner.local.ledger();
+        ledger.drop_expired(inner.clock.unix_micros());
+        while started.elapsed() < timeout {
+            let claims = ledger.claim(inner.reconciler.config.batch_size);
+            if claims.is_empty() {
+                break;
+            }
+            match reconcile::send_batch(inner, &claims).await {
+                Ok(units) => report.written_back_units += units,
+                // Redis is down or failing: try again until the timeout.
+                Err(_) => {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    tokio::time::sleep(left.min(Duration::from_millis(10))).await;
+                }
+            }
+        }
+        report.undrained_units = ledger.units();
+        if inner.learn_instances && started.elapsed() < timeout {
+            report.left_group = inner
+                .redis
+                .leave(&inner.heartbeat_key, &inner.instance_id)
+                .await
+                .is_ok();
+        }
+        if report.undrained_units > 0 {
+            metrics::ledger_lost(report.undrained_units);
+            tracing::warn!(
+                units = report.undrained_units,
+                "shutdown timed out: units admitted without Redis were not written back"
+            );
+        }
+        self.shut_down = true;
+        report
     }
 
     /// The breaker's state.

@@ -141,6 +141,12 @@ pub(crate) fn describe() {
     }
 }
 
+/// Units owed to Redis that were lost with the limiter (dropped without
+/// shutdown, or shutdown timed out).
+pub(crate) fn ledger_lost(units: u64) {
+    counter!(LEDGER_DROPPED, "reason" => "dropped").increment(units);
+}
+
 /// The `limiter` label of one limiter's series.
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {

@@ -8,9 +8,19 @@
 //! which for hourly and daily quotas is a second quota.
 //!
 //! * An entry leaves the ledger only after Redis acknowledged it.
-//! * A batch carries an id the script remembers (with a TTL) per key, so a batch
-//!   re-sent after a timeout (whose outcome is unknown: it may have run) is not
-//!   applied twice. A failed batch is kept and re-sent with the same id.
+//! * Each write-back is claimed under an id the script remembers (with a TTL)
+//!   per key, so one re-sent after a timeout (whose outcome is unknown: it may
+//!   have run) is not applied twice. A failed write-back keeps its claim and is
+//!   re-sent under the same id.
+//! * A key's next check on Redis carries its pending write-backs in the same
+//!   pipeline, ahead of the check script, so Redis counts what the key used
+//!   locally before it decides: a hot key cannot use its local quota and then
+//!   its Redis quota while the drain has not reached it. The drain and the
+//!   check may send the same claim; its id makes that harmless.
+//! * An entry Redis refuses on its own (`WRONGTYPE`: something else wrote
+//!   under a `tl:` key) is parked: set aside, counted
+//!   (`tierlimit_reconcile_parked_total`), and named in a warning, so it
+//!   neither stalls the drain nor counts against the breaker.
 //! * Entries whose window has passed are dropped and counted: they can no longer
 //!   change a decision.
 //! * A batch that fails feeds the breaker like any Redis call; once it opens, the
@@ -18,13 +28,16 @@
 //!   next close.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tierlimit_core::LedgerEntry;
+use tierlimit_core::{Error, Result};
+use tierlimit_local::Claim;
+use tierlimit_redis::{WriteBack, Written};
 
 use crate::breaker::BreakerState;
 use crate::limiter::Inner;
+use crate::metrics;
 
 /// Settings of the reconciler.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,6 +103,7 @@ pub(crate) struct Counters {
     reconciled_units: AtomicU64,
     batches: AtomicU64,
     batches_retried: AtomicU64,
+    parked_entries: AtomicU64,
 }
 
 /// A snapshot of what the reconciler has done since the limiter started.
@@ -98,25 +112,28 @@ pub(crate) struct Counters {
 pub struct ReconcileStats {
     /// Units Redis acknowledged.
     pub reconciled_units: u64,
-    /// Batches Redis acknowledged.
+    /// Batches Redis acknowledged (a check's own write-backs count as one).
     pub batches: u64,
-    /// Batches re-sent after a failure.
+    /// Write-backs re-sent under their id after an unknown outcome.
     pub batches_retried: u64,
     /// Units dropped because their window passed before they could be written.
     pub expired_units: u64,
     /// Units refused because the ledger was full.
     pub overflow_units: u64,
+    /// Entries Redis refused on their own (e.g. `WRONGTYPE`: something else
+    /// wrote under a `tl:` key), set aside so the rest drains.
+    pub parked_entries: u64,
+    /// Units of those entries.
+    pub parked_units: u64,
     /// Units still waiting in the ledger.
     pub pending_units: u64,
 }
 
-/// The reconciler's state: counters and the batch in flight.
+/// The reconciler's settings and counters.
 #[derive(Debug, Default)]
 pub(crate) struct Reconciler {
     pub(crate) config: ReconcileConfig,
     counters: Counters,
-    /// A batch sent but not acknowledged: re-sent as is, with the same id.
-    pending: Mutex<Option<(String, Vec<LedgerEntry>)>>,
 }
 
 impl Reconciler {
@@ -129,15 +146,79 @@ impl Reconciler {
 
     pub(crate) fn stats(&self, inner: &Inner) -> ReconcileStats {
         let ledger = inner.local.ledger();
+        let c = &self.counters;
         ReconcileStats {
-            reconciled_units: self.counters.reconciled_units.load(Ordering::Relaxed),
-            batches: self.counters.batches.load(Ordering::Relaxed),
-            batches_retried: self.counters.batches_retried.load(Ordering::Relaxed),
+            reconciled_units: c.reconciled_units.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            batches_retried: c.batches_retried.load(Ordering::Relaxed),
             expired_units: ledger.expired_units(),
             overflow_units: ledger.overflow_units(),
+            parked_entries: c.parked_entries.load(Ordering::Relaxed),
+            parked_units: ledger.parked_units(),
             pending_units: ledger.units(),
         }
     }
+}
+
+/// What became of a set of write-backs.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// Units acknowledged (written now, before, or expired on the server).
+    pub(crate) units: u64,
+    /// The first entry that failed in a way that may pass (`-OOM`, say): the
+    /// call counts as failed for the breaker, and the entry is re-sent under
+    /// its id.
+    pub(crate) transient: Option<Error>,
+}
+
+/// The write-backs of `claims` sent together, as [`WriteBack`]s.
+pub(crate) fn writes(claims: &[Claim]) -> Vec<WriteBack<'_>> {
+    claims
+        .iter()
+        .map(|c| WriteBack::new(&c.id, &c.entry))
+        .collect()
+}
+
+/// Applies Redis' answers to `claims`: acknowledged ones leave the ledger,
+/// refused ones are parked (with a metric and a warning saying why), and the
+/// rest stay claimed under their ids.
+pub(crate) fn settle(inner: &Inner, claims: &[Claim], outcomes: Vec<Result<Written>>) -> Settled {
+    let c = &inner.reconciler.counters;
+    let mut settled = Settled::default();
+    let retried = claims.iter().filter(|c| c.resent).count() as u64;
+    if retried > 0 {
+        c.batches_retried.fetch_add(retried, Ordering::Relaxed);
+        inner.labels.counter(metrics::BATCHES_RETRIED, retried);
+    }
+    for (claim, outcome) in claims.iter().zip(outcomes) {
+        match outcome {
+            Ok(Written::Refused(why)) => {
+                let units = inner.local.ledger().park(claim);
+                c.parked_entries.fetch_add(1, Ordering::Relaxed);
+                inner.labels.counter(metrics::PARKED, 1);
+                tracing::warn!(
+                    key = %claim.entry.storage_key,
+                    units,
+                    reason = %why,
+                    "Redis refuses this ledger entry on its own; it is set aside so the rest drains"
+                );
+            }
+            Ok(_) => settled.units += inner.local.ledger().ack(claim),
+            Err(e) => {
+                tracing::debug!(error = %e, "write-back failed on the server; it will be re-sent");
+                settled.transient.get_or_insert(e);
+            }
+        }
+    }
+    if settled.units > 0 {
+        c.reconciled_units
+            .fetch_add(settled.units, Ordering::Relaxed);
+        inner
+            .labels
+            .counter(metrics::RECONCILED_UNITS, settled.units);
+    }
+    c.batches.fetch_add(1, Ordering::Relaxed);
+    settled
 }
 
 /// The shortest rest a drain takes between batches: the timer rounds shorter
@@ -148,23 +229,29 @@ const MIN_REST: Duration = Duration::from_millis(2);
 pub(crate) async fn run(inner: Weak<Inner>) {
     loop {
         let Some(this) = inner.upgrade() else { return };
-        let has_work = !this.local.ledger().is_empty()
-            || this
-                .reconciler
-                .pending
-                .lock()
-                .map(|p| p.is_some())
-                .unwrap_or(true);
-        let wait = if this.breaker.state() == BreakerState::Closed && has_work {
-            drain(&this).await;
-            // A drain stops early only on a failure: try again soon if still Closed.
-            Duration::from_millis(20)
-        } else {
-            this.reconciler.config.idle_poll
-        };
+        let wait =
+            if this.breaker.state() == BreakerState::Closed && !this.local.ledger().is_empty() {
+                drain(&this).await;
+                // A drain stops early only on a failure: try again soon if still Closed.
+                Duration::from_millis(20)
+            } else {
+                this.reconciler.config.idle_poll
+            };
         let woken = this.drain_wake.clone();
         drop(this);
         let _ = tokio::time::timeout(wait, woken.notified()).await;
+    }
+}
+
+/// Sends one batch of write-backs and settles it; `Err` when the call failed
+/// as a whole or an entry failed in a way that may pass. Returns the units
+/// acknowledged.
+pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Result<u64> {
+    let outcomes = inner.redis.reconcile(&writes(claims)).await?;
+    let settled = settle(inner, claims, outcomes);
+    match settled.transient {
+        Some(e) => Err(e),
+        None => Ok(settled.units),
     }
 }
 
@@ -184,59 +271,25 @@ async fn drain(inner: &Arc<Inner>) {
             );
             return;
         }
-        let batch = {
-            let mut pending = match inner.reconciler.pending.lock() {
-                Ok(p) => p,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            match pending.as_ref() {
-                Some(b) => {
-                    inner
-                        .reconciler
-                        .counters
-                        .batches_retried
-                        .fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("tierlimit_reconcile_batches_retried_total").increment(1);
-                    b.clone()
-                }
-                None => {
-                    let entries = inner
-                        .local
-                        .ledger()
-                        .batch(inner.reconciler.config.batch_size);
-                    if entries.is_empty() {
-                        break;
-                    }
-                    let b = (format!("{:016x}", fastrand::u64(..)), entries);
-                    *pending = Some(b.clone());
-                    b
-                }
-            }
-        };
-        let (id, entries) = batch;
+        let claims = inner
+            .local
+            .ledger()
+            .claim(inner.reconciler.config.batch_size);
+        if claims.is_empty() {
+            break;
+        }
         let begun = Instant::now();
         // Under the Redis tier's deadline, like every call.
-        let result = inner.redis.reconcile(&id, &entries).await;
+        let result = send_batch(inner, &claims).await;
         let latency = begun.elapsed();
         match result {
-            Ok(_) => {
+            Ok(n) => {
                 inner.breaker.record_success(latency);
-                for e in &entries {
-                    inner.local.ledger().ack(e);
-                }
-                let n: u64 = entries.iter().map(|e| e.units).sum();
                 units += n;
                 batches += 1;
-                let c = &inner.reconciler.counters;
-                c.reconciled_units.fetch_add(n, Ordering::Relaxed);
-                c.batches.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("tierlimit_reconciled_units_total").increment(n);
-                if let Ok(mut p) = inner.reconciler.pending.lock() {
-                    *p = None;
-                }
             }
             Err(e) => {
-                tracing::debug!(error = %e, batch = %id, "reconcile batch failed; it will be re-sent");
+                tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
                 let outcome = inner.breaker.record_failure(latency, e.is_timeout());
                 inner.after_failure(outcome);
                 return;

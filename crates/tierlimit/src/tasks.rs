@@ -73,7 +73,11 @@ async fn prober(inner: Weak<Inner>) {
                             this.breaker.probe_succeeded();
                             // After the close: checks made while the probe was
                             // in flight still belong to the outage that ends.
-                            this.local.end_outage();
+                            // It settles while the other instances may still
+                            // be on their way back.
+                            let settle =
+                                this.breaker.config().max_cool_down + this.redis.deadline();
+                            this.local.end_outage(settle);
                             this.drain_wake.notify_one();
                             // The instance count may have changed during the outage.
                             beat(&this).await;
