@@ -32,7 +32,8 @@
 --     capacity * T (an empty bucket, refilling at the normal rate). Units whose
 --     last one is a full period old are expired.
 --   sliding log: the units become members spread over [first_us, last_us],
---     those still inside the trailing period, up to `limit` members in all.
+--     those still inside the trailing period, up to `limit` members in all,
+--     newest first (work bounded by the limit, not by the units owed).
 --   sliding window counter / fixed window: the units are added to the counter
 --     of the window they fell in (current or, for the sliding counter, the
 --     previous one), capped at `limit`.
@@ -94,7 +95,11 @@ elseif code == 3 then
   local room = limit - redis.call('ZCARD', key)
   applied = 0
   local newest = 0
-  for j = 1, units do
+  -- Newest unit first, stopping at the first one outside the window or when
+  -- the log is full: the work is bounded by the limit, not by the units owed
+  -- (an outage under FailOpen can owe millions to one key).
+  local args = {}
+  for j = units, 1, -1 do
     if applied >= room then
       break
     end
@@ -102,11 +107,21 @@ elseif code == 3 then
     if units > 1 then
       at = first + math.floor((last - first) * (j - 1) / (units - 1))
     end
-    if at > now - period then
-      redis.call('ZADD', key, string.format('%d', at), 'rc:' .. batch .. ':' .. j)
-      applied = applied + 1
-      newest = math.max(newest, at)
+    if at <= now - period then
+      break
     end
+    applied = applied + 1
+    newest = math.max(newest, at)
+    -- Named by count, not by j: past 2^53 units, j - 1 rounds back to j.
+    args[#args + 1] = string.format('%d', at)
+    args[#args + 1] = 'rc:' .. batch .. ':' .. applied
+    if #args >= 2 * SLIDING_LOG_BATCH then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', key, unpack(args))
   end
   if applied == 0 then
     status = 2

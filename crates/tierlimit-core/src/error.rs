@@ -34,11 +34,25 @@ pub enum Error {
     /// A rule's limit was 0: such a rule could never admit anything.
     #[error("a rule's limit must be at least 1")]
     ZeroLimit,
-    /// A limit, burst or capacity does not fit exactly in a Lua number (2^53).
-    #[error("{value} is above 2^53, the largest integer Lua numbers hold exactly")]
+    /// A limit or burst above [`MAX_LIMIT`](crate::MAX_LIMIT) (2^52): a counter
+    /// plus a cost could leave 2^53, the largest integer Lua numbers hold exactly.
+    #[error(
+        "{value} is above 2^52: a counter plus a cost must stay below 2^53, the largest integer Lua numbers hold exactly"
+    )]
     LimitTooLarge {
         /// The offending value.
         value: u64,
+    },
+    /// A sliding-log rule's limit is above [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT):
+    /// the log keeps a member per unit, and one call must not hold Redis for long.
+    #[error(
+        "a sliding log keeps one member per unit: its limit must be at most {max} (got {limit}); use the sliding window counter for larger limits"
+    )]
+    SlidingLogTooLarge {
+        /// The rule's limit.
+        limit: u64,
+        /// The largest limit a sliding log takes.
+        max: u64,
     },
     /// The period is zero or shorter than a millisecond, so the TTL of its keys would round to 0.
     #[error(
@@ -54,7 +68,7 @@ pub enum Error {
         /// The offending period.
         period: Duration,
     },
-    /// The period is longer than the scripts can represent (2^53 µs).
+    /// The period is longer than [`MAX_LIMIT`](crate::MAX_LIMIT) µs (about 142 years).
     #[error("a rule's period is too long (got {period:?})")]
     PeriodTooLong {
         /// The offending period.

@@ -45,4 +45,4 @@ mod slot;
 mod tier;
 
 pub use ledger::{Claim, Ledger};
-pub use tier::{LocalAnswer, LocalConfig, LocalTier};
+pub use tier::{DENIAL_SPREAD, LocalAnswer, LocalConfig, LocalTier};

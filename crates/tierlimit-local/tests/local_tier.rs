@@ -202,3 +202,56 @@ fn two_sets_with_one_name_keep_their_own_local_state() {
     let five_closed = five.clone().with_policy(tierlimit_core::Policy::FailClosed);
     assert!(local.cached_denial("u", &five_closed, 1).is_some());
 }
+
+/// Regression (issue 9, item 17): denials cached at a window boundary all
+/// expired at the same instant, so the whole fleet returned to Redis at once.
+/// 2,000 keys denied together with a retry-after of 1 s leave the cache spread
+/// over its last fifth, never after the retry-after, and while cached still
+/// answer with Redis' own retry-after.
+#[test]
+fn cached_denials_expire_spread_and_never_late() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new("s", [Rule::per_second(10).expect("valid")]).expect("valid");
+    let denial = Decision::denied(
+        10,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        0,
+        Tier::Redis,
+    );
+    const KEYS: usize = 2_000;
+    for i in 0..KEYS {
+        local.cache_denial(&format!("k{i}"), &set, 1, &denial);
+    }
+    let mut cached: Vec<bool> = vec![true; KEYS];
+    let mut most_in_one_ms = 0;
+    for ms in 1..=1_000u64 {
+        clock.advance(Duration::from_millis(1));
+        let mut left = 0;
+        for (i, c) in cached.iter_mut().enumerate().filter(|(_, c)| **c) {
+            match local.cached_denial(&format!("k{i}"), &set, 1) {
+                Some(d) => {
+                    assert_eq!(d.retry_after, Some(Duration::from_millis(1_000 - ms)));
+                }
+                None => {
+                    *c = false;
+                    left += 1;
+                    assert!(
+                        ms > 800,
+                        "k{i} left the cache {ms} ms into a 1,000 ms retry-after"
+                    );
+                }
+            }
+        }
+        most_in_one_ms = most_in_one_ms.max(left);
+    }
+    assert!(
+        cached.iter().all(|c| !c),
+        "a denial outlived its retry-after"
+    );
+    // Uniform over 200 ms: about 10 a millisecond; all 2,000 at once without the spread.
+    assert!(
+        most_in_one_ms <= 60,
+        "{most_in_one_ms} keys returned to Redis in one millisecond"
+    );
+}

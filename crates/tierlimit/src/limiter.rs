@@ -70,7 +70,9 @@ pub enum Instances {
 /// Builds a [`HybridLimiter`]; see [`HybridLimiter::builder`].
 #[derive(Debug)]
 pub struct HybridLimiterBuilder {
-    redis_url: Option<String>,
+    /// Held as the Redis tier's config from the start, so its `Debug` (which
+    /// hides the URL's password) is the only way the URL is ever printed.
+    redis: Option<RedisTierConfig>,
     deadline: Duration,
     client_time: bool,
     default_policy: Policy,
@@ -90,7 +92,7 @@ pub struct HybridLimiterBuilder {
 impl HybridLimiterBuilder {
     /// The Redis URL (`redis://host:port/db`). Required.
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.redis_url = Some(url.into());
+        self.redis = Some(RedisTierConfig::new(url));
         self
     }
 
@@ -206,9 +208,7 @@ impl HybridLimiterBuilder {
     /// field; so is a call outside a Tokio runtime.
     pub fn build(self) -> Result<HybridLimiter> {
         let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
-        let url = self
-            .redis_url
-            .ok_or_else(|| invalid("redis_url is required"))?;
+        let redis = self.redis.ok_or_else(|| invalid("redis_url is required"))?;
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
@@ -245,11 +245,7 @@ impl HybridLimiterBuilder {
         } else {
             TimeSource::Server
         };
-        let redis = RedisTier::new(
-            RedisTierConfig::new(url)
-                .deadline(self.deadline)
-                .time_source(time),
-        )?;
+        let redis = RedisTier::new(redis.deadline(self.deadline).time_source(time))?;
         self.reconcile.validate()?;
         let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
         let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
@@ -383,7 +379,7 @@ impl HybridLimiter {
     /// learned instance count.
     pub fn builder() -> HybridLimiterBuilder {
         HybridLimiterBuilder {
-            redis_url: None,
+            redis: None,
             deadline: Duration::from_millis(50),
             client_time: false,
             default_policy: Policy::LocalFallback,

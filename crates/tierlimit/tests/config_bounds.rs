@@ -304,3 +304,34 @@ async fn heartbeat_settings_that_could_never_work_are_refused_at_build() {
         );
     }
 }
+
+/// Regression (issue 9, item 20): the builder's `Debug` printed the Redis
+/// password (`redis://user:secret@host/` verbatim). No URL is printed with its
+/// password anywhere: builder, limiter, errors.
+#[tokio::test]
+async fn the_redis_password_is_never_printed() {
+    const SECRET: &str = "s3cr3t-pa55";
+    for url in [
+        format!("redis://alice:{SECRET}@127.0.0.1:1/"),
+        format!("redis://:{SECRET}@127.0.0.1:1/0"),
+        format!("redis://alice:{SECRET}@127.0.0.1:notaport/"),
+        format!("redis://alice:{SECRET}@/"),
+    ] {
+        let builder = base(&url).deadline(Duration::from_millis(20));
+        let printed = format!("{builder:?}");
+        assert!(!printed.contains(SECRET), "builder: {printed}");
+        match builder.build() {
+            Ok(limiter) => {
+                let printed = format!("{limiter:?}");
+                assert!(!printed.contains(SECRET), "limiter: {printed}");
+                let set = RuleSet::new("s", [Rule::per_second(1).expect("valid")]).expect("valid");
+                let d = limiter.check("k", &set, 1).await.expect("valid");
+                assert!(!format!("{d:?}").contains(SECRET));
+            }
+            Err(e) => {
+                let printed = format!("{e} / {e:?}");
+                assert!(!printed.contains(SECRET), "error: {printed}");
+            }
+        }
+    }
+}
