@@ -34,11 +34,28 @@ pub enum Error {
     /// A rule's limit was 0: such a rule could never admit anything.
     #[error("a rule's limit must be at least 1")]
     ZeroLimit,
-    /// A limit, burst or capacity does not fit exactly in a Lua number (2^53).
-    #[error("{value} is above 2^53, the largest integer Lua numbers hold exactly")]
+    /// A limit or burst above [`MAX_LIMIT`](crate::MAX_LIMIT) (2^51): the
+    /// scripts' sums of counts (in doubles) could pass 2^53 and stop being exact.
+    #[error(
+        "a limit or burst of {value} is above {max}: counts summed in the scripts' doubles would pass 2^53"
+    )]
     LimitTooLarge {
         /// The offending value.
         value: u64,
+        /// The largest value accepted.
+        max: u64,
+    },
+    /// A [`SlidingLog`](crate::Algorithm::SlidingLog) limit above
+    /// [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT): one request could
+    /// add that many sorted-set members in one script call and block Redis.
+    #[error(
+        "a sliding log's limit is at most {max} (got {limit}): it stores one member per unit; use SlidingWindow or GCRA for larger limits"
+    )]
+    SlidingLogTooLarge {
+        /// The rule's limit.
+        limit: u64,
+        /// The largest sliding-log limit accepted.
+        max: u64,
     },
     /// The period is zero or shorter than a millisecond, so the TTL of its keys would round to 0.
     #[error(
@@ -70,7 +87,8 @@ pub enum Error {
         period: Duration,
     },
     /// The time a full burst takes to refill (`capacity * period / limit`) is
-    /// longer than the scripts can represent exactly (2^53 µs).
+    /// longer than [`MAX_REFILL_US`](crate::MAX_REFILL_US) (2^52 µs): the
+    /// arrival time, now plus that, would not stay exact in a double.
     #[error(
         "a burst of {capacity} at {limit} per {period:?} takes too long to refill to represent exactly"
     )]
@@ -115,6 +133,14 @@ pub enum Error {
         count: usize,
         /// The bound.
         max: usize,
+    },
+    /// The same rule twice in one rule set: both would share one storage key.
+    #[error("rule {second} of the rule set repeats rule {first}")]
+    DuplicateRule {
+        /// The index of the first occurrence.
+        first: usize,
+        /// The index of the repetition.
+        second: usize,
     },
     /// A rule set's name was empty, too long, or used characters outside `[A-Za-z0-9_.-]`.
     #[error("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]")]
