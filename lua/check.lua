@@ -25,6 +25,18 @@
 -- Every rule is checked first, without writing; only if all admit is each
 -- committed. A denied request therefore changes no rule's state.
 --
+-- Bad input is refused before anything is read or written, with an error
+-- reply "ERR tierlimit check: ...": every number must be a decimal integer
+-- string (no hex, exponent, fraction, nan, inf) within the bounds of
+-- common.lua (which are tierlimit_core's Rule bounds: cost and limits at most
+-- 2^51, a sliding log's limit at most 1000, periods 1 ms to 2^53 µs, ...),
+-- the cost at most every rule's capacity, no key named twice (one key under
+-- two algorithms could not be committed whole). A key that holds a type its
+-- algorithm does not store fails its read, before any commit, with
+-- "WRONGTYPE tierlimit check: ...". Once the checks pass, every write is
+-- bounded (TTLs at most 2^53 µs, at most 1000 sorted-set members), so a commit
+-- never fails half-way.
+--
 -- Numbers passed to redis.call are formatted with string.format: Redis turns a
 -- bare Lua number into a string with %.14g, which loses digits of 16-digit
 -- microsecond timestamps.
@@ -46,21 +58,49 @@ if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
 end
 
-local now = script_now(ARGV[1])
-local cost = tonumber(ARGV[2])
+-- Every argument is read and checked before the first redis.call.
+local seen = {}
+for i = 1, rules do
+  if seen[KEYS[i]] then
+    refuse('check', 'KEYS[' .. i .. '] repeats KEYS[' .. seen[KEYS[i]] .. ']')
+  end
+  seen[KEYS[i]] = i
+end
+int_arg('check', 'now_us', ARGV[1], 0, MAX_EXACT)
+local cost = int_arg('check', 'cost', ARGV[2], 1, MAX_LIMIT)
 local nonce = ARGV[3]
+if #nonce == 0 or #nonce > 64 then
+  refuse('check', 'the nonce must be 1 to 64 bytes')
+end
+local args = {}
+for i = 1, rules do
+  local code, limit, period, capacity, offset = rule_args('check', 3 + 5 * (i - 1))
+  if cost > capacity then
+    refuse('check', 'cost ' .. ARGV[2] .. ' is above the capacity of rule ' .. i
+      .. ': it could never be admitted')
+  end
+  args[i] = { code, limit, period, capacity, offset }
+end
+
+local now = script_now(ARGV[1])
 
 local outcome = {}
 local allowed = true
 for i = 1, rules do
-  local a = 3 + 5 * (i - 1)
-  local code = tonumber(ARGV[a + 1])
-  local check = CHECKS[code]
-  if check == nil then
-    return redis.error_reply('ERR tierlimit check: unknown algorithm code ' .. ARGV[a + 1])
+  local a = args[i]
+  local code = a[1]
+  -- A key holding another type fails its read here, before any commit, so
+  -- nothing is written; the reply says which key.
+  local read, ok, remaining, reset, retry, state, reset_now = pcall(CHECKS[code], KEYS[i], now,
+    cost, a[2], a[3], a[4], a[5])
+  if not read then
+    local err = type(ok) == 'table' and ok.err or tostring(ok)
+    if string.sub(err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. i
+        .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
+    end
+    error(ok)
   end
-  local ok, remaining, reset, retry, state, reset_now = check(KEYS[i], now, cost,
-    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
   outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
   allowed = allowed and ok
 end

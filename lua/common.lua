@@ -5,6 +5,17 @@
 --
 -- KEYS / ARGV: none of its own.
 -- Reply: none; it defines
+--   refuse(script, msg)       raises the error reply "ERR tierlimit <script>:
+--                             <msg>"; called only before a script's first write;
+--   int_arg(script, name, s, min, max)
+--                             s as a number when it is a decimal integer
+--                             string (optional minus, at most 16 digits: no
+--                             hex, exponent, fraction, nan or inf) within
+--                             [min, max], else refuse;
+--   rule_args(script, a)      the five arguments of one rule at ARGV[a + 1 ..
+--                             a + 5] (code, limit, period_us, capacity,
+--                             utc_offset_us), checked against the same bounds
+--                             Rule enforces in Rust (below), else refuse;
 --   script_now(arg)           the caller's µs timestamp, or the server's TIME
 --                             when arg is "0";
 --   pexpire_us(key, us)       PEXPIRE rounded up to whole ms, at least 1;
@@ -17,6 +28,71 @@
 --
 -- Example: with TIME = {1700000000, 123456}, script_now('0') returns
 -- 1700000000123456; script_now('42') returns 42.
+
+-- The bounds of tierlimit_core (rule.rs), so a call by hand meets the same
+-- rules as one from Rust:
+--   MAX_EXACT              2^53, the largest integer a double holds exactly;
+--   MAX_LIMIT              2^51: a limit, burst or cost; the largest sum of
+--                          counts (sliding window: previous + current + cost)
+--                          then stays below 2^53;
+--   MAX_SLIDING_LOG_LIMIT  a sliding log adds one member per unit: this bounds
+--                          the server time of one call to milliseconds;
+--   MAX_REFILL_US          2^52: how far GCRA's arrival time / the token
+--                          bucket's refill may run ahead of now;
+--   MAX_OFFSET_US          a UTC offset strictly within one day.
+local MAX_EXACT = 9007199254740992
+local MAX_LIMIT = 2251799813685248
+local MAX_SLIDING_LOG_LIMIT = 1000
+local MAX_REFILL_US = 4503599627370496
+local MAX_OFFSET_US = 86399000000
+-- A marker or other TTL in ms: up to about 317 years.
+local MAX_TTL_MS = 10000000000000
+
+local function refuse(script, msg)
+  error({ err = 'ERR tierlimit ' .. script .. ': ' .. msg })
+end
+
+local function int_arg(script, name, s, min, max)
+  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^%-?%d+$') then
+    refuse(script, name .. ' must be a decimal integer, got "'
+      .. string.sub(tostring(s), 1, 40) .. '"')
+  end
+  local n = tonumber(s)
+  if n < min or n > max then
+    refuse(script, string.format('%s must be in [%d, %d], got %s', name, min, max, s))
+  end
+  return n
+end
+
+local function rule_args(script, a)
+  local code = int_arg(script, 'algorithm code', ARGV[a + 1], 1, 5)
+  local limit_max = MAX_LIMIT
+  if code == 3 then
+    limit_max = MAX_SLIDING_LOG_LIMIT
+  end
+  local limit = int_arg(script, 'limit', ARGV[a + 2], 1, limit_max)
+  local period = int_arg(script, 'period_us', ARGV[a + 3], 1000, MAX_EXACT)
+  local capacity = int_arg(script, 'capacity', ARGV[a + 4], 1, MAX_LIMIT)
+  local offset_max = 0
+  if code == 5 then
+    offset_max = MAX_OFFSET_US
+  end
+  local offset = int_arg(script, 'utc_offset_us', ARGV[a + 5], -offset_max, offset_max)
+  if code <= 2 then
+    if limit > period then
+      refuse(script, 'limit must be at most period_us (one unit per microsecond)')
+    end
+    -- The product may round up by an ulp or two: the margin keeps every rule
+    -- Rust accepts (capacity * period <= MAX_REFILL_US * limit, exactly) and
+    -- costs nothing, now + MAX_REFILL_US being exact until 2112.
+    if capacity * period / limit > MAX_REFILL_US * (1 + 1e-12) then
+      refuse(script, 'capacity * period_us / limit must be at most 2^52')
+    end
+  elseif capacity ~= limit then
+    refuse(script, 'capacity must equal the limit for this algorithm')
+  end
+  return code, limit, period, capacity, offset
+end
 
 local function script_now(arg)
   local now = tonumber(arg)

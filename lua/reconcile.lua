@@ -32,8 +32,15 @@
 --     capacity * T (an empty bucket, refilling at the normal rate). Units whose
 --     last one is a full period old are expired.
 --   sliding log: the units become members spread over [first_us, last_us],
---     those still inside the trailing period, up to `limit` members in all,
---     newest first (work bounded by the limit, not by the units owed).
+--     those still inside the trailing period, up to `limit` members in all;
+--     the units already outside the window are skipped by bisection, so an
+--     entry owing 25 M units costs what one owing `limit` does.
+--
+-- Bad input is refused before anything is written, as in check.lua: every
+-- number a decimal integer string within common.lua's bounds (units below
+-- 2^53, first_us <= last_us, marker TTL 1 ms to 10^13 ms), KEYS[2] exactly
+-- KEYS[1] .. ':rc:' .. <batch id>, and KEYS[1] empty or of the type its
+-- algorithm stores (else "WRONGTYPE tierlimit reconcile: ...").
 --   sliding window counter / fixed window: the units are added to the counter
 --     of the window they fell in (current or, for the sliding counter, the
 --     previous one), capped at `limit`.
@@ -44,17 +51,36 @@
 --   -> 1) 1  2) 3     (the same call again -> 1) 0  2) 0)
 
 local key, marker = KEYS[1], KEYS[2]
+if #KEYS ~= 2 or #ARGV ~= 11 then
+  return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 11 arguments')
+end
+-- Every argument is read and checked before the first write.
+int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
+local code, limit, period, capacity, offset = rule_args('reconcile', 1)
+-- Below 2^53, so units + 1 (the bisection's end) stays exact.
+local units = int_arg('reconcile', 'units', ARGV[7], 1, MAX_EXACT - 1)
+local first = int_arg('reconcile', 'first_us', ARGV[8], 0, MAX_EXACT)
+local last = int_arg('reconcile', 'last_us', ARGV[9], first, MAX_EXACT)
+local marker_ttl = string.format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[10], 1, MAX_TTL_MS))
+local batch = ARGV[11]
+if #batch == 0 or #batch > 512 then
+  refuse('reconcile', 'the batch id must be 1 to 512 bytes')
+end
+if marker ~= key .. ':rc:' .. batch then
+  refuse('reconcile', 'KEYS[2] must be KEYS[1] .. ":rc:" .. <batch id>')
+end
+local TYPES = { 'string', 'hash', 'zset', 'hash', 'hash' }
+local held = redis.call('TYPE', key).ok
+if held ~= 'none' and held ~= TYPES[code] then
+  return redis.error_reply('WRONGTYPE tierlimit reconcile: KEYS[1] holds a ' .. held
+    .. ', algorithm ' .. code .. ' stores a ' .. TYPES[code] .. '; nothing was written')
+end
+
 if redis.call('EXISTS', marker) == 1 then
   return { 0, 0 }
 end
 
 local now = script_now(ARGV[1])
-local code = tonumber(ARGV[2])
-local limit, period = tonumber(ARGV[3]), tonumber(ARGV[4])
-local capacity, offset = tonumber(ARGV[5]), tonumber(ARGV[6])
-local units = tonumber(ARGV[7])
-local first, last = tonumber(ARGV[8]), tonumber(ARGV[9])
-local marker_ttl, batch = ARGV[10], ARGV[11]
 
 -- GCRA and the token bucket share one rule: the arrival time (relative to now)
 -- after the units, capped at a full bucket's worth. `rel` is the stored arrival
@@ -91,42 +117,47 @@ if code == 1 or code == 2 then
     token_bucket_store(key, math.max(0, capacity - new_rel * rate), ts, (ts - now) + new_rel)
   end
 elseif code == 3 then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+  local since = now - period
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', since))
   local room = limit - redis.call('ZCARD', key)
-  applied = 0
-  local newest = 0
-  -- Newest unit first, stopping at the first one outside the window or when
-  -- the log is full: the work is bounded by the limit, not by the units owed
-  -- (an outage under FailOpen can owe millions to one key).
-  local args = {}
-  for j = units, 1, -1 do
-    if applied >= room then
-      break
+  -- Unit j was admitted at at(j), spread evenly over [first, last]; at() never
+  -- decreases (each double operation rounds monotonically), so the units still
+  -- inside the window are j0..units, and j0 is found by bisection: the work is
+  -- O(log units + limit), never O(units).
+  local function at(j)
+    if units == 1 then
+      return first
     end
-    local at = first
-    if units > 1 then
-      at = first + math.floor((last - first) * (j - 1) / (units - 1))
-    end
-    if at <= now - period then
-      break
-    end
-    applied = applied + 1
-    newest = math.max(newest, at)
-    -- Named by count, not by j: past 2^53 units, j - 1 rounds back to j.
-    args[#args + 1] = string.format('%d', at)
-    args[#args + 1] = 'rc:' .. batch .. ':' .. applied
-    if #args >= 2 * SLIDING_LOG_BATCH then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
+    return first + math.floor((last - first) * (j - 1) / (units - 1))
+  end
+  local lo, hi = 1, units + 1
+  while lo < hi do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if at(mid) > since then
+      hi = mid
+    else
+      lo = mid + 1
     end
   end
-  if #args > 0 then
-    redis.call('ZADD', key, unpack(args))
+  -- The oldest units still inside the window, up to the room the log has.
+  local stop = math.min(units, lo + room - 1)
+  applied = 0
+  if stop >= lo then
+    applied = stop - lo + 1
+    local args = {}
+    for j = lo, stop do
+      args[#args + 1] = string.format('%d', at(j))
+      args[#args + 1] = 'rc:' .. batch .. ':' .. string.format('%d', j)
+      if #args >= 2 * SLIDING_LOG_BATCH or j == stop then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
   end
   if applied == 0 then
     status = 2
   else
-    pexpire_us(key, math.max(redis.call('PTTL', key) * 1000, newest + period - now))
+    pexpire_us(key, math.max(redis.call('PTTL', key) * 1000, at(stop) + period - now))
   end
 elseif code == 4 or code == 5 then
   local sliding = code == 4

@@ -17,6 +17,13 @@
 -- The check only reads (ZCOUNT); the commit prunes what has left the window,
 -- adds the units and sets the TTL to when the newest unit leaves.
 --
+-- Work bound: a commit adds `cost` members and prunes at most `limit`, and
+-- reconcile.lua adds at most `limit`; the limit is at most
+-- MAX_SLIDING_LOG_LIMIT (1000, common.lua; tierlimit_core's
+-- MAX_SLIDING_LOG_LIMIT), so no call does more than a few thousand member
+-- operations: milliseconds of server time (measured in
+-- crates/tierlimit-redis/tests/script_work.rs).
+--
 -- Example: on an empty key, sliding_log_check(key, now, 1, 10, 60000000)
 -- returns true, 9, 60000000, 0, {60000000, now}, 0: admitted, 9 left, the unit
 -- leaves the log in 60 s.

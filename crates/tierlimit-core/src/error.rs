@@ -34,24 +34,27 @@ pub enum Error {
     /// A rule's limit was 0: such a rule could never admit anything.
     #[error("a rule's limit must be at least 1")]
     ZeroLimit,
-    /// A limit or burst above [`MAX_LIMIT`](crate::MAX_LIMIT) (2^52): a counter
-    /// plus a cost could leave 2^53, the largest integer Lua numbers hold exactly.
+    /// A limit or burst above [`MAX_LIMIT`](crate::MAX_LIMIT) (2^51): the
+    /// scripts' sums of counts (in doubles) could pass 2^53 and stop being exact.
     #[error(
-        "{value} is above 2^52: a counter plus a cost must stay below 2^53, the largest integer Lua numbers hold exactly"
+        "a limit or burst of {value} is above {max}: counts summed in the scripts' doubles would pass 2^53"
     )]
     LimitTooLarge {
         /// The offending value.
         value: u64,
+        /// The largest value accepted.
+        max: u64,
     },
-    /// A sliding-log rule's limit is above [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT):
-    /// the log keeps a member per unit, and one call must not hold Redis for long.
+    /// A [`SlidingLog`](crate::Algorithm::SlidingLog) limit above
+    /// [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT): one request could
+    /// add that many sorted-set members in one script call and block Redis.
     #[error(
-        "a sliding log keeps one member per unit: its limit must be at most {max} (got {limit}); use the sliding window counter for larger limits"
+        "a sliding log's limit is at most {max} (got {limit}): it stores one member per unit; use SlidingWindow or GCRA for larger limits"
     )]
     SlidingLogTooLarge {
         /// The rule's limit.
         limit: u64,
-        /// The largest limit a sliding log takes.
+        /// The largest sliding-log limit accepted.
         max: u64,
     },
     /// The period is zero or shorter than a millisecond, so the TTL of its keys would round to 0.
@@ -68,7 +71,7 @@ pub enum Error {
         /// The offending period.
         period: Duration,
     },
-    /// The period is longer than [`MAX_LIMIT`](crate::MAX_LIMIT) µs (about 142 years).
+    /// The period is longer than the scripts can represent (2^53 µs).
     #[error("a rule's period is too long (got {period:?})")]
     PeriodTooLong {
         /// The offending period.
@@ -84,7 +87,8 @@ pub enum Error {
         period: Duration,
     },
     /// The time a full burst takes to refill (`capacity * period / limit`) is
-    /// longer than the scripts can represent exactly (2^53 µs).
+    /// longer than [`MAX_REFILL_US`](crate::MAX_REFILL_US) (2^52 µs): the
+    /// arrival time, now plus that, would not stay exact in a double.
     #[error(
         "a burst of {capacity} at {limit} per {period:?} takes too long to refill to represent exactly"
     )]
@@ -129,6 +133,14 @@ pub enum Error {
         count: usize,
         /// The bound.
         max: usize,
+    },
+    /// The same rule twice in one rule set: both would share one storage key.
+    #[error("rule {second} of the rule set repeats rule {first}")]
+    DuplicateRule {
+        /// The index of the first occurrence.
+        first: usize,
+        /// The index of the repetition.
+        second: usize,
     },
     /// A rule set's name was empty, too long, or used characters outside `[A-Za-z0-9_.-]`.
     #[error("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]")]

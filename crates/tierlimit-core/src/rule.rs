@@ -7,22 +7,33 @@ use crate::error::{Error, Result};
 /// Largest integer a Lua number (an IEEE double) holds exactly.
 pub const MAX_EXACT: u64 = 1 << 53;
 
-/// The largest limit, burst and period (in µs) a rule may have: half of
-/// [`MAX_EXACT`], so every sum the scripts make stays exact: a counter plus a
-/// cost (each at most the capacity), the two windows of a sliding window
-/// counter, and GCRA's arrival time (now, about 2^50.6 µs since the epoch in
-/// 2026, plus up to a full refill).
-pub const MAX_LIMIT: u64 = 1 << 52;
+/// The largest limit, burst or cost a rule accepts: 2^51.
+///
+/// The scripts add counts in doubles. The largest sum any of them forms is the
+/// sliding window counter's `previous + current + cost`, at most three times the
+/// limit; with every term at most 2^51 that sum stays below 2^53 (`MAX_EXACT`),
+/// so every count, and `c + cost` of the fixed window, stays exact.
+pub const MAX_LIMIT: u64 = 1 << 51;
 
-/// The largest limit of a [`SlidingLog`](Algorithm::SlidingLog) rule. The log
-/// keeps one sorted-set member per admitted unit, so one call may add up to
-/// this many members and a key may hold this many. Redis runs one script at a
-/// time, so a call must stay well under the checks' deadline (50 ms by
-/// default) or it stalls every other client: a log of 1,000,000 per hour let
-/// one check of cost 1,000,000 block Redis for 4.6-6.2 s (measured for issue
-/// 9), and at 10,000 one call still took 16-52 ms on a 2-core machine. At
-/// 1,000 it takes a few ms. Larger limits belong to the sliding window counter.
+/// The largest limit a [`SlidingLog`](Algorithm::SlidingLog) rule accepts.
+///
+/// The log keeps one sorted-set member per admitted unit, so one admitted
+/// request of cost `n` adds `n` members in one script call, and writing an
+/// outage back adds up to `limit` members. Redis runs scripts one at a time,
+/// so this bounds how long one call can block the server: adding 1,000
+/// members in one script took 2 to 10 ms of server time (`INFO commandstats`,
+/// Redis 7.0 on a 2-vCPU machine under load), 10,000 took 36 ms. For larger
+/// limits use [`SlidingWindow`](Algorithm::SlidingWindow) or GCRA, whose
+/// state is a fixed size.
 pub const MAX_SLIDING_LOG_LIMIT: u64 = 1_000;
+
+/// The longest time GCRA's arrival time and the token bucket's refill may run
+/// ahead of now: 2^52 µs (about 142 years).
+///
+/// The scripts store the arrival time as µs since the Unix epoch, `now +
+/// capacity * period / limit`; keeping the second term under 2^52 keeps the sum
+/// under 2^53 (`MAX_EXACT`) until the year 2112.
+pub const MAX_REFILL_US: u64 = 1 << 52;
 
 /// The algorithm a rule is checked with.
 ///
@@ -53,7 +64,9 @@ pub enum Algorithm {
     /// Token bucket: `capacity` tokens refilled at `limit / period`.
     TokenBucket,
     /// Sliding log: every admitted unit is a sorted-set member; exact over any
-    /// trailing `period`, memory grows with the limit.
+    /// trailing `period`, memory grows with the limit. Its limit is at most
+    /// [`MAX_SLIDING_LOG_LIMIT`], which bounds the server time of any one
+    /// script call (see there).
     SlidingLog,
     /// Sliding window counter: the current and previous fixed windows' counts,
     /// the previous weighted by how much of it still overlaps the trailing
@@ -98,6 +111,16 @@ impl Algorithm {
 ///
 /// Built in governor's style and validated at construction: every way to write
 /// a rule that cannot work returns its own [`Error`].
+///
+/// Bounds, each chosen so the Lua scripts stay exact and quick:
+/// * limit and burst at most [`MAX_LIMIT`] (2^51), so every sum the scripts
+///   form in doubles stays below 2^53;
+/// * a [`SlidingLog`](Algorithm::SlidingLog) limit at most
+///   [`MAX_SLIDING_LOG_LIMIT`], so no check or write-back blocks Redis for
+///   more than milliseconds;
+/// * for GCRA and the token bucket, `burst * period / limit` at most
+///   [`MAX_REFILL_US`];
+/// * a period from 1 ms to 2^53 µs, in whole microseconds.
 ///
 /// # Examples
 ///
@@ -170,7 +193,10 @@ impl Rule {
             return Err(Error::ZeroLimit);
         }
         if limit > MAX_LIMIT {
-            return Err(Error::LimitTooLarge { value: limit });
+            return Err(Error::LimitTooLarge {
+                value: limit,
+                max: MAX_LIMIT,
+            });
         }
         if period < Duration::from_millis(1) {
             return Err(Error::PeriodTooShort { period });
@@ -180,7 +206,7 @@ impl Rule {
         }
         let period_us = u64::try_from(period.as_micros())
             .ok()
-            .filter(|us| *us <= MAX_LIMIT)
+            .filter(|us| *us <= MAX_EXACT)
             .ok_or(Error::PeriodTooLong { period })?;
         Rule {
             limit,
@@ -234,7 +260,10 @@ impl Rule {
                 return Err(Error::ZeroBurst);
             }
             if burst > MAX_LIMIT {
-                return Err(Error::LimitTooLarge { value: burst });
+                return Err(Error::LimitTooLarge {
+                    value: burst,
+                    max: MAX_LIMIT,
+                });
             }
         }
         if self.algorithm == Algorithm::SlidingLog && self.limit > MAX_SLIDING_LOG_LIMIT {
@@ -255,10 +284,11 @@ impl Rule {
             });
         }
         // GCRA's arrival time and the token bucket's refill run up to
-        // capacity * period / limit µs ahead of now: keep now plus that exact.
-        let refill_us =
-            u128::from(self.capacity()) * u128::from(self.period_us) / u128::from(self.limit);
-        if self.algorithm.has_burst() && refill_us > u128::from(MAX_LIMIT) {
+        // capacity * period / limit µs ahead of now: keep now + that exact in a double.
+        // Compared without dividing, as lua/common.lua's rule_args does.
+        let refill_exceeds = u128::from(self.capacity()) * u128::from(self.period_us)
+            > u128::from(MAX_REFILL_US) * u128::from(self.limit);
+        if self.algorithm.has_burst() && refill_exceeds {
             return Err(Error::BurstWindowTooLong {
                 capacity: self.capacity(),
                 limit: self.limit,

@@ -77,6 +77,13 @@ impl RuleSet {
                 max: MAX_RULES,
             });
         }
+        // Two equal rules share one storage key; the check script refuses a key
+        // named twice (it could not commit both without a partial write).
+        for (second, rule) in rules.iter().enumerate() {
+            if let Some(first) = rules[..second].iter().position(|r| r == rule) {
+                return Err(Error::DuplicateRule { first, second });
+            }
+        }
         let suffixes: Vec<String> = rules
             .iter()
             .map(|r| format!(":{name}:{}", r.id()))

@@ -69,6 +69,7 @@ pub(crate) fn reconcile_cmd(
     local_now_us: u64,
 ) -> Cmd {
     let rule = &entry.rule;
+    let (units, first_us) = newest_that_matter(entry);
     let marker_ms = entry
         .expires_at_us()
         .saturating_sub(local_now_us)
@@ -85,12 +86,29 @@ pub(crate) fn reconcile_cmd(
         .arg(rule.period_micros())
         .arg(rule.capacity())
         .arg(i64::from(rule.utc_offset_secs()) * 1_000_000)
-        .arg(entry.units)
-        .arg(entry.first_us)
+        .arg(units)
+        .arg(first_us)
         .arg(entry.last_us)
         .arg(marker_ms)
         .arg(batch_id);
     cmd
+}
+
+/// The units of `entry` that can still change a decision, and when the first
+/// of them was admitted: no rule counts more than its capacity within a window,
+/// so of more units only the newest `capacity` matter (units are taken as
+/// spread evenly over `[first_us, last_us]`). Keeps every number the script
+/// gets exact: a ledger entry saturated at `u64::MAX` (a hot key under
+/// FailOpen) becomes `capacity` units, the newest.
+fn newest_that_matter(entry: &LedgerEntry) -> (u64, u64) {
+    let cap = entry.rule.capacity();
+    if entry.units <= cap {
+        return (entry.units, entry.first_us);
+    }
+    let span = u128::from(entry.last_us.saturating_sub(entry.first_us));
+    let skipped = u128::from(entry.units - cap);
+    let shift = span * skipped / u128::from(entry.units - 1);
+    (cap, entry.first_us + u64::try_from(shift).unwrap_or(0))
 }
 
 /// One entry's reply. A server error that is the entry's own (the key holds

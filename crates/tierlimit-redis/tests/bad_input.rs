@@ -7,7 +7,10 @@ mod support;
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
 
-use tierlimit_core::{Algorithm, Error, MAX_EXACT, MAX_KEY_LEN, RedisFailure, Rule, RuleSet};
+use tierlimit_core::{
+    Algorithm, Error, MAX_EXACT, MAX_KEY_LEN, MAX_LIMIT, MAX_REFILL_US, MAX_SLIDING_LOG_LIMIT,
+    RedisFailure, Rule, RuleSet,
+};
 use tierlimit_redis::{CheckRequest, RedisTier, RedisTierConfig};
 
 use support::{rule, set};
@@ -66,7 +69,100 @@ fn period_not_whole_microseconds() {
 fn limit_above_2_pow_53() {
     assert!(matches!(
         Rule::per_day(MAX_EXACT + 1),
-        Err(Error::LimitTooLarge { value }) if value == MAX_EXACT + 1
+        Err(Error::LimitTooLarge { value, max: MAX_LIMIT }) if value == MAX_EXACT + 1
+    ));
+}
+
+/// Regression (issue 9, item 22): `with_period(2^53, 2^53 µs)` was accepted,
+/// and in the scripts' doubles `c + 1` rounded back to `c`. Limits and bursts
+/// stop at 2^51, so the largest sum a script forms (previous + current + cost
+/// of the sliding window) stays below 2^53. `exact_bounds.rs` shows the
+/// largest accepted values exact on Redis.
+#[test]
+fn limit_and_burst_above_2_pow_51() {
+    let period = Duration::from_micros(MAX_EXACT);
+    assert!(matches!(
+        Rule::with_period(MAX_EXACT, period),
+        Err(Error::LimitTooLarge {
+            value: MAX_EXACT,
+            max: MAX_LIMIT
+        })
+    ));
+    // A rule starts as GCRA, which needs a period of at least `limit` µs.
+    let long = Duration::from_micros(MAX_LIMIT);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let at_bound = Rule::with_period(MAX_LIMIT, long).and_then(|r| r.with_algorithm(algorithm));
+        assert!(at_bound.is_ok(), "{algorithm:?}: {at_bound:?}");
+    }
+    assert!(matches!(
+        Rule::with_period(MAX_LIMIT + 1, long),
+        Err(Error::LimitTooLarge { value, max: MAX_LIMIT }) if value == MAX_LIMIT + 1
+    ));
+    // 2^40 per 2^41 µs: a burst of 2^51 refills in 2^52 µs, the longest accepted.
+    let r = Rule::with_period(1 << 40, Duration::from_micros(1 << 41)).expect("valid");
+    assert!(r.clone().with_burst(MAX_LIMIT).is_ok());
+    assert!(matches!(
+        r.with_burst(MAX_LIMIT + 1),
+        Err(Error::LimitTooLarge { value, max: MAX_LIMIT }) if value == MAX_LIMIT + 1
+    ));
+}
+
+/// Regression (issue 9, item 22): GCRA stores its arrival time as now +
+/// burst * period / limit µs since the epoch; with that term up to 2^53 the sum
+/// passed 2^53. The term now stops at 2^52.
+#[test]
+fn refill_beyond_2_pow_52() {
+    let longest = Rule::with_period(1, Duration::from_micros(MAX_REFILL_US));
+    assert!(longest.is_ok(), "{longest:?}");
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let r = Rule::with_period(1, Duration::from_micros(MAX_REFILL_US + 1))
+            .and_then(|r| r.with_algorithm(algorithm));
+        assert!(
+            matches!(r, Err(Error::BurstWindowTooLong { .. })),
+            "{algorithm:?}: {r:?}"
+        );
+    }
+    // The same bound through the burst: 3 per 3 * 2^50 µs refill 2^52 µs at a burst of 4.
+    let r = Rule::with_period(3, Duration::from_micros(3 << 50)).expect("valid");
+    assert!(r.clone().with_burst(4).is_ok());
+    assert!(matches!(
+        r.with_burst(5),
+        Err(Error::BurstWindowTooLong { capacity: 5, .. })
+    ));
+}
+
+/// Regression (issue 9, item 9): `per_hour(1_000_000)` as a sliding log was
+/// accepted, and one check of cost 1,000,000 added a million sorted-set
+/// members in one script call, blocking Redis for seconds. A sliding log's
+/// limit now stops at `MAX_SLIDING_LOG_LIMIT`; `script_work.rs` shows the
+/// largest accepted call taking milliseconds of server time.
+#[test]
+fn sliding_log_limit_above_its_bound() {
+    let log = |limit| Rule::per_hour(limit).and_then(|r| r.with_algorithm(Algorithm::SlidingLog));
+    assert!(log(MAX_SLIDING_LOG_LIMIT).is_ok());
+    for limit in [MAX_SLIDING_LOG_LIMIT + 1, 1_000_000, 1_000_000_000] {
+        assert!(
+            matches!(
+                log(limit),
+                Err(Error::SlidingLogTooLarge { limit: l, max: MAX_SLIDING_LOG_LIMIT }) if l == limit
+            ),
+            "{limit}"
+        );
+    }
+}
+
+/// The same rule twice would put one storage key twice into one script call,
+/// which the script refuses (it could not commit both whole).
+#[test]
+fn duplicate_rule() {
+    let r = Rule::per_second(10).expect("valid");
+    let m = Rule::per_minute(10).expect("valid");
+    assert!(matches!(
+        RuleSet::new("api", [r.clone(), m, r]),
+        Err(Error::DuplicateRule {
+            first: 0,
+            second: 2
+        })
     ));
 }
 

@@ -63,3 +63,60 @@ pub(crate) async fn dump(
         .await
         .expect("DUMP failed")
 }
+
+/// Makes Redis log every command with its server time (`SLOWLOG` with a
+/// threshold of 0 µs) and empties the log, so [`slowest_script_us`] sees only
+/// what runs after this.
+pub(crate) async fn slowlog_reset(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET slowlog-log-slower-than");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-max-len")
+        .arg(10_000)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET slowlog-max-len");
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(conn)
+        .await
+        .expect("SLOWLOG RESET");
+}
+
+/// The longest server time, in µs, of any `EVAL`/`EVALSHA` in the slow log
+/// since [`slowlog_reset`]: what Redis itself measured, not the client's wall
+/// clock. Panics when the log holds no script call.
+pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("SLOWLOG GET");
+    let mut slowest = None;
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            panic!("slow log entry {entry:?}");
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            panic!("slow log entry {fields:?}");
+        };
+        let name = match args.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_ascii_lowercase(),
+            other => panic!("slow log command {other:?}"),
+        };
+        if name.starts_with("eval") {
+            let us = u64::try_from(*us).expect("a duration");
+            slowest = Some(slowest.map_or(us, |s: u64| s.max(us)));
+        }
+    }
+    slowest.expect("the slow log holds a script call")
+}

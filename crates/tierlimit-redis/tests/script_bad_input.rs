@@ -1,0 +1,277 @@
+//! Regression (issue 9, item 23): the public check script trusted its numbers.
+//! It checked only the argument count and the algorithm code: a negative cost
+//! refunded quota; `nan`, `inf`, `0x10`, fractions and huge periods were
+//! accepted; a huge period on the second rule failed `PEXPIRE` after the first
+//! rule was written; one key under two algorithms failed with `WRONGTYPE` after
+//! a write. The scripts are documented as callable by hand, so here they are
+//! called by hand with bad arguments: each call is refused with its own error
+//! reply, and nothing is written (every key's value and TTL as before).
+
+mod support;
+
+use redis::aio::MultiplexedConnection;
+use tierlimit_redis::{CHECK, RECONCILE};
+use tierlimit_test::RedisServer;
+
+use support::dump;
+
+const GCRA_KEY: &str = "tl:{u}:api:g60000000x10";
+const LOG_KEY: &str = "tl:{u}:api:l60000000x10";
+
+/// A valid call: GCRA 10 per minute and a sliding log 10 per minute, cost 1.
+fn good_check() -> (Vec<String>, Vec<String>) {
+    let keys = vec![GCRA_KEY.to_string(), LOG_KEY.to_string()];
+    let args = [
+        "0", "1", "42", // now (server TIME), cost, nonce
+        "1", "10", "60000000", "10", "0", // GCRA
+        "3", "10", "60000000", "10", "0", // sliding log
+    ];
+    (keys, args.iter().map(|s| s.to_string()).collect())
+}
+
+async fn run_check(
+    conn: &mut MultiplexedConnection,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<redis::Value> {
+    let mut invocation = CHECK.prepare_invoke();
+    for k in keys {
+        invocation.key(k);
+    }
+    for a in args {
+        invocation.arg(a);
+    }
+    invocation.invoke_async(conn).await
+}
+
+/// Every key with its serialized value and whether it has a TTL.
+async fn snapshot(conn: &mut MultiplexedConnection) -> Vec<(String, Option<Vec<u8>>, bool)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("KEYS");
+    keys.sort();
+    let mut out = Vec::new();
+    for k in keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(conn)
+            .await
+            .expect("PTTL");
+        out.push((k.clone(), dump(conn, &k).await, pttl > 0));
+    }
+    out
+}
+
+/// Calls the check script with `args` changed at `index` (into ARGV, 0-based)
+/// to `value`, and asserts a refusal naming `expect` that wrote nothing.
+async fn refused(conn: &mut MultiplexedConnection, index: usize, value: &str, expect: &str) {
+    let (keys, mut args) = good_check();
+    args[index] = value.to_string();
+    let before = snapshot(conn).await;
+    let err = run_check(conn, &keys, &args)
+        .await
+        .expect_err(&format!("ARGV[{}] = {value:?} must be refused", index + 1));
+    let shown = err.to_string();
+    assert!(
+        shown.contains("tierlimit check") && shown.contains(expect),
+        "ARGV[{}] = {value:?}: {shown}",
+        index + 1
+    );
+    assert_eq!(
+        snapshot(conn).await,
+        before,
+        "ARGV[{}] = {value:?} wrote",
+        index + 1
+    );
+}
+
+#[tokio::test]
+async fn bad_numbers_are_refused_before_any_write() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // Both rules hold state (with TTLs) before the bad calls.
+    let (keys, args) = good_check();
+    run_check(&mut conn, &keys, &args)
+        .await
+        .expect("a good call");
+    assert_eq!(server.keys_without_ttl().await, Vec::<String>::new());
+
+    for cost in [
+        "-1",
+        "0",
+        "nan",
+        "inf",
+        "-inf",
+        "0x10",
+        "1.5",
+        "1e3",
+        "",
+        " 1",
+        "99999999999999999999",
+    ] {
+        refused(&mut conn, 1, cost, "cost").await;
+    }
+    refused(&mut conn, 1, "11", "above the capacity").await;
+    for now in ["-5", "abc", "1.7e15"] {
+        refused(&mut conn, 0, now, "now_us").await;
+    }
+    refused(&mut conn, 2, "", "nonce").await;
+    // The second rule's period: huge (PEXPIRE used to fail after rule 1 was
+    // written), fractional, below a millisecond.
+    for period in [
+        "1e30",
+        "100000000000000000000",
+        "60000000.5",
+        "999",
+        "-60000000",
+    ] {
+        refused(&mut conn, 10, period, "period_us").await;
+    }
+    // Algorithm codes, limits, capacities, offsets.
+    refused(&mut conn, 8, "6", "algorithm code").await;
+    refused(&mut conn, 8, "0", "algorithm code").await;
+    refused(&mut conn, 9, "1001", "limit").await; // a sliding log's bound
+    refused(&mut conn, 4, "2251799813685249", "limit").await; // 2^51 + 1
+    refused(&mut conn, 4, "-10", "limit").await;
+    refused(&mut conn, 11, "9", "capacity").await; // a window's capacity is its limit
+    refused(&mut conn, 6, "4503599627370496", "capacity").await; // above 2^51
+    refused(&mut conn, 12, "3600000000", "utc_offset_us").await; // only fixed windows
+    refused(&mut conn, 7, "1", "utc_offset_us").await;
+    // GCRA finer than one unit per µs.
+    refused(&mut conn, 4, "60000001", "at most period_us").await;
+}
+
+#[tokio::test]
+async fn one_key_under_two_algorithms_writes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // The same key for a GCRA rule and a sliding-log rule: both reads pass on
+    // an empty key, and the second commit used to fail (WRONGTYPE) after the
+    // first had written.
+    let (_, args) = good_check();
+    let keys = vec![GCRA_KEY.to_string(), GCRA_KEY.to_string()];
+    let err = run_check(&mut conn, &keys, &args)
+        .await
+        .expect_err("one key twice is refused");
+    assert!(err.to_string().contains("repeats KEYS[1]"), "{err}");
+    assert_eq!(server.dbsize().await, 0, "nothing was written");
+
+    // A key that already holds another algorithm's type: WRONGTYPE before any
+    // commit, naming the key; the other rule's key is not written.
+    let (keys, args) = good_check();
+    run_check(&mut conn, &keys[1..], &[&args[..3], &args[8..]].concat())
+        .await
+        .expect("a sliding-log call");
+    let swapped = vec!["tl:{u}:other".to_string(), LOG_KEY.to_string()];
+    let gcra_twice = [&args[..8], &args[3..8]].concat();
+    let before = snapshot(&mut conn).await;
+    let err = run_check(&mut conn, &swapped, &gcra_twice)
+        .await
+        .expect_err("a sorted set read as GCRA state");
+    assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+    assert!(err.to_string().contains("KEYS[2]"), "{err}");
+    assert_eq!(snapshot(&mut conn).await, before, "nothing was written");
+}
+
+/// A valid reconcile call: 3 units of the GCRA rule, admitted a second ago.
+fn good_reconcile(batch: &str) -> (Vec<String>, Vec<String>) {
+    let keys = vec![GCRA_KEY.to_string(), format!("{GCRA_KEY}:rc:{batch}")];
+    let args = [
+        "1700000001000000",
+        "1",
+        "10",
+        "60000000",
+        "10",
+        "0", // now, code, limit, period, capacity, offset
+        "3",
+        "1700000000000000",
+        "1700000000000000",
+        "120000",
+        batch,
+    ];
+    (keys, args.iter().map(|s| s.to_string()).collect())
+}
+
+async fn run_reconcile(
+    conn: &mut MultiplexedConnection,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<redis::Value> {
+    let mut invocation = RECONCILE.prepare_invoke();
+    for k in keys {
+        invocation.key(k);
+    }
+    for a in args {
+        invocation.arg(a);
+    }
+    invocation.invoke_async(conn).await
+}
+
+#[tokio::test]
+async fn reconcile_refuses_bad_input_before_any_write() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let (keys, args) = good_reconcile("b0");
+    run_reconcile(&mut conn, &keys, &args)
+        .await
+        .expect("a good call");
+
+    let cases: [(usize, &str, &str); 10] = [
+        (6, "-3", "units"), // used to refund quota
+        (6, "0", "units"),
+        (6, "nan", "units"),
+        (6, "2.5", "units"),
+        (7, "0x10", "first_us"),
+        (8, "1", "last_us"), // before first_us
+        (3, "1e30", "period_us"),
+        (9, "inf", "marker_ttl_ms"),
+        (1, "7", "algorithm code"),
+        (2, "2251799813685249", "limit"),
+    ];
+    for (index, value, expect) in cases {
+        let (keys, mut args) = good_reconcile("b1");
+        args[index] = value.to_string();
+        let before = snapshot(&mut conn).await;
+        let err = run_reconcile(&mut conn, &keys, &args)
+            .await
+            .expect_err(&format!("ARGV[{}] = {value:?} must be refused", index + 1));
+        assert!(
+            err.to_string().contains("tierlimit reconcile") && err.to_string().contains(expect),
+            "ARGV[{}] = {value:?}: {err}",
+            index + 1
+        );
+        assert_eq!(
+            snapshot(&mut conn).await,
+            before,
+            "ARGV[{}] = {value:?} wrote",
+            index + 1
+        );
+    }
+
+    // A marker that is not the key's own.
+    let (mut keys, args) = good_reconcile("b2");
+    keys[1] = LOG_KEY.to_string();
+    let before = snapshot(&mut conn).await;
+    let err = run_reconcile(&mut conn, &keys, &args)
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("KEYS[2]"), "{err}");
+    assert_eq!(snapshot(&mut conn).await, before);
+
+    // Sliding-log units onto a key holding GCRA state: WRONGTYPE, no marker.
+    let (mut keys, mut args) = good_reconcile("b3");
+    args[1] = "3".to_string();
+    keys[0] = GCRA_KEY.to_string();
+    let before = snapshot(&mut conn).await;
+    let err = run_reconcile(&mut conn, &keys, &args)
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+    assert_eq!(
+        snapshot(&mut conn).await,
+        before,
+        "no state and no marker written"
+    );
+}
