@@ -90,7 +90,15 @@ pub const CHECK_SOURCE: &str = with_algorithms!("../lua/check.lua");
 /// request against every rule of a rule set and commits it only if all admit.
 ///
 /// [`RedisTier::check`](crate::RedisTier::check) builds its arguments; calling
-/// it by hand follows the protocol in `lua/check.lua`.
+/// it by hand follows the protocol in `lua/check.lua`. The script checks every
+/// argument before it reads or writes anything and answers bad input with an
+/// error reply (`ERR tierlimit check: ...`): numbers must be decimal integer
+/// strings within the bounds [`Rule`](tierlimit_core::Rule) enforces (cost and
+/// limits at most [`MAX_LIMIT`](tierlimit_core::MAX_LIMIT), a sliding log's limit
+/// at most [`MAX_SLIDING_LOG_LIMIT`](tierlimit_core::MAX_SLIDING_LOG_LIMIT), ...),
+/// the cost at most every rule's capacity, and no key may appear twice. A key
+/// holding another algorithm's type is refused with `WRONGTYPE` before any
+/// write. A call therefore writes every rule or none.
 ///
 /// # Examples
 ///
@@ -134,6 +142,11 @@ pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
 /// `lua/reconcile.lua`: writes units admitted locally during an outage back to
 /// one rule's key, once per batch id (see
 /// [`RedisTier::reconcile`](crate::RedisTier::reconcile)).
+///
+/// Its server work is bounded by the rule, not by the units owed: a sliding
+/// log skips the units already out of its window by bisection and writes at
+/// most `limit` members. Like [`CHECK`], it refuses bad arguments (and a key
+/// of another type) before writing anything.
 ///
 /// # Examples
 ///
