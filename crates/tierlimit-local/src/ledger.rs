@@ -46,7 +46,8 @@ pub struct Claim {
 /// Per Redis key (and per window, for the window algorithms), the units admitted
 /// locally while the breaker was not Closed, waiting to be written back.
 ///
-/// Bounded: once `max_entries` entries exist, units for a new entry are counted
+/// Bounded: once `max_entries` entries exist (or their keys take `max_bytes`),
+/// units for a new entry are counted
 /// in [`overflow_units`](Ledger::overflow_units) (and the metric
 /// `tierlimit_ledger_dropped_units_total{reason="overflow"}`), never silently
 /// dropped. Units for an existing entry always add up (saturating at
@@ -67,10 +68,11 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// An empty ledger holding at most `max_entries` entries.
-    pub fn new(max_entries: usize) -> Self {
+    /// An empty ledger holding at most `max_entries` entries and `max_bytes`
+    /// (each entry charged its key's bytes and its slot).
+    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
         Ledger {
-            entries: BoundedMap::new(max_entries),
+            entries: BoundedMap::new(max_entries, max_bytes, 0),
             units: AtomicU64::new(0),
             overflow_units: AtomicU64::new(0),
             expired_units: AtomicU64::new(0),
@@ -245,6 +247,11 @@ impl Ledger {
         self.expired_units.load(Ordering::Relaxed)
     }
 
+    /// Bytes charged to the entries held.
+    pub fn bytes(&self) -> usize {
+        self.entries.bytes()
+    }
+
     /// Units set aside because Redis refused their entry on its own.
     pub fn parked_units(&self) -> u64 {
         self.parked_units.load(Ordering::Relaxed)
@@ -268,7 +275,7 @@ mod tests {
 
     #[test]
     fn units_add_up_per_key_and_ack_removes_only_what_was_sent() {
-        let ledger = Ledger::new(10);
+        let ledger = Ledger::new(10, 1 << 20);
         let rule = Rule::per_hour(100).expect("valid");
         ledger.record("k".into(), &rule, 2, 100 * S);
         ledger.record("k".into(), &rule, 3, 101 * S);
@@ -295,7 +302,7 @@ mod tests {
     /// once.
     #[test]
     fn a_claim_is_resent_under_its_id_until_acknowledged() {
-        let ledger = Ledger::new(10);
+        let ledger = Ledger::new(10, 1 << 20);
         let rule = Rule::per_hour(100).expect("valid");
         ledger.record("k".into(), &rule, 4, S);
         let first = ledger.claim(10);
@@ -317,7 +324,7 @@ mod tests {
     /// so 2,048 FailOpen checks of cost 2^53 wrapped the ledger's count to 0.
     #[test]
     fn units_saturate_instead_of_wrapping() {
-        let ledger = Ledger::new(10);
+        let ledger = Ledger::new(10, 1 << 20);
         let rule = Rule::per_hour(100).expect("valid");
         for _ in 0..2_048 {
             ledger.record("k".into(), &rule, 1 << 53, S);
@@ -331,7 +338,7 @@ mod tests {
 
     #[test]
     fn overflow_is_counted_not_lost() {
-        let ledger = Ledger::new(2);
+        let ledger = Ledger::new(2, 1 << 20);
         let rule = Rule::per_hour(100).expect("valid");
         for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
             ledger.record(key.into(), &rule, 1 + i as u64, S);
@@ -342,7 +349,7 @@ mod tests {
 
     #[test]
     fn expired_entries_are_dropped_and_counted_daily_ones_survive_minutes() {
-        let ledger = Ledger::new(10);
+        let ledger = Ledger::new(10, 1 << 20);
         let minute = Rule::per_minute(10).expect("valid");
         let day = Rule::per_day(1000).expect("valid");
         ledger.record("m".into(), &minute, 4, 1_000 * S);

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tierlimit_core::{Clock, Decision, Error, Result, RuleSet, Tier};
+use tierlimit_core::{Clock, Decision, Error, MAX_RULES, Result, RuleSet, Tier};
 
 use crate::bounded::BoundedMap;
 use crate::slot::{self, Share, Slot};
@@ -40,7 +40,19 @@ pub struct LocalConfig {
     pub max_warm_keys: usize,
     /// Most outage-ledger entries; see [`Ledger`].
     pub max_ledger_entries: usize,
+    /// Most bytes the local tier's maps may take together (default 256 MiB,
+    /// at least 1 MiB): the buckets and the ledger get 3/8 each, the denial
+    /// cache and the warm-start map 1/8 each. Each entry is charged its key's
+    /// bytes and its slot, so long keys hit this bound before the entry
+    /// bounds: a full map refuses new entries as it does at its entry bound.
+    /// What the process really takes stays within about this (the test
+    /// `memory_is_bounded_by_bytes` measures it), plus the allocator's own
+    /// slack.
+    pub max_bytes: usize,
 }
+
+/// The smallest [`LocalConfig::max_bytes`].
+const MIN_BYTES: usize = 1 << 20;
 
 impl Default for LocalConfig {
     fn default() -> Self {
@@ -49,6 +61,7 @@ impl Default for LocalConfig {
             max_denials: 100_000,
             max_warm_keys: 100_000,
             max_ledger_entries: 1_000_000,
+            max_bytes: 256 << 20,
         }
     }
 }
@@ -67,6 +80,14 @@ impl LocalConfig {
                     what: format!("local.{name} must be at least 1"),
                 });
             }
+        }
+        if self.max_bytes < MIN_BYTES {
+            return Err(Error::InvalidConfig {
+                what: format!(
+                    "local.max_bytes must be at least {MIN_BYTES} (got {})",
+                    self.max_bytes
+                ),
+            });
         }
         Ok(())
     }
@@ -181,10 +202,18 @@ impl LocalTier {
         config.validate()?;
         Ok(LocalTier {
             clock,
-            buckets: BoundedMap::new(config.max_keys),
-            denials: BoundedMap::new(config.max_denials),
-            warm: BoundedMap::new(config.max_warm_keys),
-            ledger: Ledger::new(config.max_ledger_entries),
+            buckets: BoundedMap::new(
+                config.max_keys,
+                config.max_bytes / 8 * 3,
+                MAX_RULES * std::mem::size_of::<Slot>(),
+            ),
+            denials: BoundedMap::new(config.max_denials, config.max_bytes / 8, 0),
+            warm: BoundedMap::new(
+                config.max_warm_keys,
+                config.max_bytes / 8,
+                MAX_RULES * std::mem::size_of::<u64>(),
+            ),
+            ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
             settle_until_us: AtomicU64::new(0),
@@ -494,6 +523,11 @@ impl LocalTier {
     /// Number of cached denials.
     pub fn denial_count(&self) -> usize {
         self.denials.len()
+    }
+
+    /// Bytes charged to the local tier's maps (see [`LocalConfig::max_bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.buckets.bytes() + self.denials.bytes() + self.warm.bytes() + self.ledger.bytes()
     }
 
     /// Number of keys whose last Redis-reported state is kept for warm starts.
