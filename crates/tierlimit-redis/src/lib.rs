@@ -42,7 +42,7 @@ mod script;
 mod tier;
 mod verdict;
 
-pub use config::{RedisTierConfig, TimeSource};
+pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::ReconcileReport;
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,
