@@ -674,6 +674,19 @@ mod tests {
     use tierlimit_core::Rule;
     use tierlimit_test::RedisServer;
 
+    /// Without the `tls` feature a `rediss://` URL is a configuration error at
+    /// construction that names the feature, not a failure at the first check.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_without_the_tls_feature_names_the_feature() {
+        let err = RedisTier::new(RedisTierConfig::new("rediss://u:secret@127.0.0.1:1/"))
+            .expect_err("rediss:// needs the tls feature");
+        let shown = err.to_string();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("`tls` feature"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
     #[test]
     fn futures_are_send() {
         fn send<T: Send>(_: &T) {}
