@@ -37,6 +37,67 @@ async fn the_limiter_decides_on_redis_over_tls_as_an_acl_user() {
     assert!(server.command_calls("evalsha").await >= 1);
 }
 
+/// The least a limiter's ACL user needs (the README's Security section quotes
+/// it): its own keys, the scripts, PING and the commands the scripts call.
+const LEAST_PRIVILEGE: &[&str] = &[
+    "--user",
+    USER,
+    "on",
+    ">pw-s3cret-9f2",
+    "resetkeys",
+    "~tl:*",
+    "~{tl:*",
+    "resetchannels",
+    "-@all",
+    "+ping",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+time",
+    "+@read",
+    "+@write",
+    "-@dangerous",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_acl_user_can_do_all_a_limiter_does() {
+    let server = RedisServer::start_with(LEAST_PRIVILEGE);
+    let limiter = support::healthy(
+        support::builder(&server.url_as(USER, PASSWORD)).deadline(Duration::from_secs(1)),
+    )
+    .await;
+    for algorithm in [
+        tierlimit::Algorithm::Gcra,
+        tierlimit::Algorithm::TokenBucket,
+        tierlimit::Algorithm::SlidingLog,
+        tierlimit::Algorithm::SlidingWindow,
+        tierlimit::Algorithm::FixedWindow,
+    ] {
+        let rule = Rule::per_minute(100)
+            .and_then(|r| r.with_algorithm(algorithm))
+            .expect("valid rule");
+        let set = RuleSet::new("least", [rule])
+            .expect("valid set")
+            .with_policy(Policy::FailClosed);
+        let decision = limiter.check("user:1", &set, 1).await.expect("valid check");
+        assert_eq!(decision.tier, Tier::Redis, "{algorithm:?}: {decision:?}");
+    }
+    // The user cannot touch keys outside tierlimit's.
+    let mut conn = redis::Client::open(server.url_as(USER, PASSWORD))
+        .expect("valid url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("app logs in");
+    let denied: redis::RedisResult<()> = redis::cmd("SET")
+        .arg("other")
+        .arg(1)
+        .query_async(&mut conn)
+        .await;
+    assert!(denied.is_err(), "a key outside tl:* must be refused");
+    let denied: redis::RedisResult<()> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
+    assert!(denied.is_err(), "FLUSHALL must be refused");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_fault_the_policy_answers() {
     let args = RedisServer::acl_user(USER, PASSWORD);
