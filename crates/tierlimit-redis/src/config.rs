@@ -70,6 +70,8 @@ impl fmt::Debug for TimeSource {
 #[derive(Clone)]
 pub struct RedisTierConfig {
     pub(crate) url: String,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: TlsSettings,
     pub(crate) deadline: Duration,
     pub(crate) time_source: TimeSource,
     pub(crate) connect_timeout: Duration,
@@ -86,11 +88,28 @@ const MAX_RETRIES: usize = 10;
 pub(crate) const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(2);
 
 impl RedisTierConfig {
-    /// Settings for the server at `url` (`redis://host:port/db`,
-    /// `rediss://` for TLS where redis-rs supports it), with the defaults.
+    /// Settings for the server at `url`, with the defaults.
+    ///
+    /// * `redis://host:port/db`: plain TCP.
+    /// * `redis://user:password@host:port/db`: an ACL user (Redis 6+); a
+    ///   password alone is `redis://:password@host/`. Credentials are
+    ///   percent-decoded. A wrong password cannot be found without I/O, so it
+    ///   shows up on the first call as a Redis fault (`WRONGPASS`,
+    ///   [`RedisFailure::Other`](tierlimit_core::RedisFailure::Other)).
+    /// * `rediss://host:port/db` (needs the `tls` feature, on by default):
+    ///   TLS. The server's certificate is verified against the system's trust
+    ///   store, or only against
+    ///   [`tls_root_certificates`](Self::tls_root_certificates) when given, and
+    ///   its name must match the URL's host. There is no way to switch
+    ///   verification off: redis-rs's `#insecure` fragment is refused.
+    ///
+    /// Every place that prints the URL (this config's `Debug`, the tier's, and
+    /// every error) shows it through [`redact_url`].
     pub fn new(url: impl Into<String>) -> Self {
         RedisTierConfig {
             url: url.into(),
+            #[cfg(feature = "tls")]
+            tls: TlsSettings::default(),
             deadline: Duration::from_millis(50),
             time_source: TimeSource::Server,
             connect_timeout: Duration::from_millis(200),
@@ -134,6 +153,31 @@ impl RedisTierConfig {
         self
     }
 
+    /// Trusts only the CA certificates in `pem` (one or more PEM blocks) for
+    /// `rediss://` servers, instead of the system's trust store. For a private
+    /// CA, as Redis deployments inside a network usually have.
+    ///
+    /// A PEM that holds no certificate, or a non-`rediss://` URL with this set,
+    /// is refused by [`RedisTier::new`](crate::RedisTier::new).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_pem = Some(pem.into());
+        self
+    }
+
+    /// Authenticates this client to a `rediss://` server with a certificate
+    /// chain and its private key, both PEM (mutual TLS, Redis's
+    /// `tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((chain_pem.into(), key_pem.into()));
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let in_range = |what: &str, value: Duration, min: Duration| {
             if value < min || value > MAX_WAIT {
@@ -167,9 +211,11 @@ impl RedisTierConfig {
 
 impl fmt::Debug for RedisTierConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisTierConfig")
-            .field("url", &redacted(&self.url))
-            .field("deadline", &self.deadline)
+        let mut f = f.debug_struct("RedisTierConfig");
+        f.field("url", &redact_url(&self.url));
+        #[cfg(feature = "tls")]
+        f.field("tls", &self.tls);
+        f.field("deadline", &self.deadline)
             .field("time_source", &self.time_source)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_retries", &self.reconnect_retries)
@@ -178,15 +224,106 @@ impl fmt::Debug for RedisTierConfig {
     }
 }
 
-/// The URL without its credentials (`redis://user:secret@host` becomes
-/// `redis://***@host`), for logs.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
+/// TLS material for `rediss://` servers. Certificates are public, but the key
+/// is not: `Debug` says only what is set.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+pub(crate) struct TlsSettings {
+    pub(crate) root_pem: Option<Vec<u8>>,
+    /// Certificate chain and private key.
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl TlsSettings {
+    pub(crate) fn is_set(&self) -> bool {
+        self.root_pem.is_some() || self.client.is_some()
     }
+}
+
+#[cfg(feature = "tls")]
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("root_certificates", &self.root_pem.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+/// `url` with its credentials hidden, for anything that prints it: logs,
+/// `Debug`, error messages. `redis://user:secret@host:6379/0` becomes
+/// `redis://***@host:6379/0`; a URL without credentials comes back unchanged.
+///
+/// Everything between the scheme and the last `@` is hidden, so a password
+/// holding `@`, `:` or `/` unencoded is hidden too, and so is a malformed URL
+/// without a scheme (`user:secret@host`). A URL that has an `@` elsewhere
+/// loses more than its credentials: better too much hidden than a password
+/// shown.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_redis::redact_url;
+///
+/// assert_eq!(redact_url("rediss://app:s3cret@cache:6380/0"), "rediss://***@cache:6380/0");
+/// assert_eq!(redact_url("redis://127.0.0.1/"), "redis://127.0.0.1/");
+/// assert_eq!(redact_url("app:s3cret@cache"), "***@cache");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
+        return url.to_string();
+    };
+    let start = match url.find("://") {
+        Some(scheme) if scheme < at => scheme + 3,
+        _ => 0,
+    };
+    format!("{}***{}", &url[..start], &url[at..])
+}
+
+/// `text` (a message from redis-rs or our own) with every trace of `url`'s
+/// credentials replaced: the whole URL by its redacted form, then its
+/// userinfo, and its password alone, raw and percent-decoded. redis-rs's
+/// messages carry no URL today; this keeps it so if one ever does.
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, &redact_url(url));
+    let Some(at) = url.rfind('@') else {
+        return text;
+    };
+    let start = url
+        .find("://")
+        .map_or(0, |s| if s < at { s + 3 } else { 0 });
+    let userinfo = &url[start..at];
+    let password = userinfo.split_once(':').map_or("", |(_, p)| p);
+    let decoded = percent_decode(password);
+    for secret in [userinfo, password, decoded.as_str()] {
+        // Short secrets would blank out ordinary words; the URL and its
+        // userinfo were already replaced whole above.
+        if secret.len() >= 4 {
+            text = text.replace(secret, "***");
+        }
+    }
+    text
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub(crate) fn invalid(what: String) -> Error {
@@ -206,6 +343,28 @@ mod tests {
             shown.contains("redis://***@cache.internal:6380/0"),
             "{shown}"
         );
-        assert_eq!(redacted("redis://127.0.0.1/"), "redis://127.0.0.1/");
+        assert_eq!(redact_url("redis://127.0.0.1/"), "redis://127.0.0.1/");
+    }
+
+    #[test]
+    fn redaction_hides_awkward_passwords() {
+        for (url, shown) in [
+            ("redis://:pa@ss@h:1/", "redis://***@h:1/"),
+            ("redis://u:p/a?s#s@h/", "redis://***@h/"),
+            ("u:secret@h", "***@h"),
+            ("rediss://u:secret@h/", "rediss://***@h/"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+    }
+
+    #[test]
+    fn scrub_hides_the_password_in_any_message() {
+        let url = "redis://app:s%40cret!@host:1/";
+        let message = format!("failed for {url}: s@cret! / s%40cret! / app:s%40cret!");
+        let clean = scrub(&message, url);
+        assert!(!clean.contains("s@cret"), "{clean}");
+        assert!(!clean.contains("s%40cret"), "{clean}");
+        assert!(clean.contains("redis://***@host:1/"), "{clean}");
     }
 }

@@ -33,6 +33,18 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # TLS and ACL users
+//!
+//! `rediss://` URLs need the `tls` feature (on by default): rustls with the
+//! `ring` provider, no OpenSSL. The server's certificate is always verified,
+//! against the system's trust store or only the CA given to
+//! [`RedisTierConfig::tls_root_certificates`]; without the feature, or with
+//! redis-rs's `#insecure` fragment, [`RedisTier::new`] refuses the URL with
+//! [`Error::InvalidConfig`](tierlimit_core::Error::InvalidConfig). ACL users
+//! log in with `redis://user:password@host/`; a wrong password is a Redis
+//! fault at the first call. Every `Debug` and error shows URLs through
+//! [`redact_url`], never with their password.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod config;
@@ -42,7 +54,7 @@ mod script;
 mod tier;
 mod verdict;
 
-pub use config::{RedisTierConfig, TimeSource};
+pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,

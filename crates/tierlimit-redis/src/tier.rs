@@ -14,7 +14,7 @@ use tierlimit_core::{
     Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
 };
 
-use crate::config::{RECONNECT_MIN_DELAY, invalid};
+use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
 use crate::reconcile::{WriteBack, Written, reconcile_cmd, written};
 use crate::verdict::parse_verdict;
@@ -117,13 +117,7 @@ impl RedisTier {
     /// runtime.
     pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
         config.validate()?;
-        let info = config
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| invalid(format!("url: {e}")))?
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = redis::Client::open(info).map_err(|e| invalid(format!("url: {e}")))?;
+        let client = client_for(&config)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             // Our deadline is the real bound; this only stops redis-rs from
@@ -552,6 +546,79 @@ impl RedisTier {
     }
 }
 
+/// The redis-rs client for `config`'s URL and TLS settings. Every error names
+/// the URL only through [`redact_url`] and never carries its password.
+fn client_for(config: &RedisTierConfig) -> Result<redis::Client> {
+    let url = config.url.as_str();
+    let bad_url = |why: &str| invalid(format!("url {}: {}", redact_url(url), scrub(why, url)));
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let tls_scheme =
+        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys");
+    if tls_scheme && !cfg!(feature = "tls") {
+        return Err(bad_url(
+            "rediss:// needs the `tls` feature of tierlimit-redis \
+             (on by default in tierlimit and tierlimit-redis)",
+        ));
+    }
+    if tls_scheme && url.contains('#') {
+        // redis-rs reads `#insecure` as "skip certificate verification"; a
+        // rate limiter's credentials must not travel to an unverified server.
+        return Err(bad_url(
+            "a URL fragment is refused (`#insecure` would skip certificate verification)",
+        ));
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| bad_url(&e.to_string()))?
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    #[cfg(feature = "tls")]
+    if config.tls.is_set() {
+        if !tls_scheme {
+            return Err(bad_url(
+                "TLS certificates are set but the URL is not rediss://",
+            ));
+        }
+        if let Some(pem) = &config.tls.root_pem
+            && !pem.windows(11).any(|w| w == b"CERTIFICATE")
+        {
+            return Err(invalid(
+                "tls_root_certificates: the PEM holds no certificate".into(),
+            ));
+        }
+        install_crypto_provider();
+        let certificates = redis::TlsCertificates {
+            client_tls: config
+                .tls
+                .client
+                .as_ref()
+                .map(|(chain, key)| redis::ClientTlsConfig {
+                    client_cert: chain.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: config.tls.root_pem.clone(),
+        };
+        return redis::Client::build_with_tls(info, certificates)
+            .map_err(|e| invalid(format!("tls certificates: {}", scrub(&e.to_string(), url))));
+    }
+    #[cfg(feature = "tls")]
+    if tls_scheme {
+        install_crypto_provider();
+    }
+    redis::Client::open(info).map_err(|e| bad_url(&e.to_string()))
+}
+
+/// Makes `ring` rustls's process-wide provider unless one is installed already.
+/// rustls picks a provider by itself only when exactly one is compiled in; if
+/// another crate of the application also turns on `aws-lc-rs`, rustls would
+/// panic at the first TLS connection instead.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err only when another thread installed one first: that one serves.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 impl Inner {
     fn new_manager(&self) -> RedisResult<ConnectionManager> {
         ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
@@ -667,6 +734,19 @@ mod tests {
     use super::*;
     use tierlimit_core::Rule;
     use tierlimit_test::RedisServer;
+
+    /// Without the `tls` feature a `rediss://` URL is a configuration error at
+    /// construction that names the feature, not a failure at the first check.
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_without_the_tls_feature_names_the_feature() {
+        let err = RedisTier::new(RedisTierConfig::new("rediss://u:secret@127.0.0.1:1/"))
+            .expect_err("rediss:// needs the tls feature");
+        let shown = err.to_string();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("`tls` feature"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
 
     #[test]
     fn futures_are_send() {

@@ -16,9 +16,15 @@ const NOT_FOUND: &str = "redis-server not found on PATH: install it with \
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
 const START_ATTEMPTS: usize = 5;
+const OPENSSL_NOT_FOUND: &str = "openssl not found on PATH (the TLS tests make their CA with it): \
+    install it with `sudo apt-get install -y openssl` or run scripts/test, which installs it";
 
 /// A `redis-server` child process listening on its own loopback port, with
 /// persistence disabled and a fresh scratch directory.
+///
+/// [`start_tls`](Self::start_tls) starts one that speaks TLS only, with a
+/// certificate signed by a CA made for it; [`start_with`](Self::start_with)
+/// and [`acl_user`](Self::acl_user) add an ACL user with a password.
 ///
 /// The process is killed and its directory removed when this value is dropped.
 #[derive(Debug)]
@@ -29,6 +35,114 @@ pub struct RedisServer {
     args: Vec<String>,
     dir: PathBuf,
     paused: AtomicBool,
+    tls: Option<TestCa>,
+}
+
+/// A CA and a server certificate for 127.0.0.1, made by the `openssl` CLI in a
+/// directory of their own (kept across [`RedisServer::restart`]).
+#[derive(Debug)]
+struct TestCa {
+    dir: PathBuf,
+    ca_pem: Vec<u8>,
+}
+
+impl TestCa {
+    fn new() -> TestCa {
+        let dir = fresh_dir();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => panic!(
+                    "openssl {} failed: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => panic!("{OPENSSL_NOT_FOUND}"),
+                Err(e) => panic!("cannot run openssl: {e}"),
+            }
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec![
+            "req",
+            "-x509",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tierlimit test CA",
+        ];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+        ca.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+        ca.extend(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+        run(&ca);
+        let mut csr = vec!["req", "-subj", "/CN=127.0.0.1", "-keyout", "server.key"];
+        csr.extend(ec);
+        csr.extend(["-out", "server.csr"]);
+        run(&csr);
+        fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
+             basicConstraints=critical,CA:FALSE\n\
+             keyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=serverAuth\n",
+        )
+        .expect("cannot write server.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ]);
+        let ca_pem = fs::read(dir.join("ca.crt")).expect("cannot read ca.crt");
+        TestCa { dir, ca_pem }
+    }
+
+    /// The server's arguments: TLS on `port`, no plain TCP port at all.
+    fn args(&self, port: u16) -> Vec<String> {
+        let file = |name: &str| self.dir.join(name).display().to_string();
+        vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            file("server.crt"),
+            "--tls-key-file".into(),
+            file("server.key"),
+            "--tls-ca-cert-file".into(),
+            file("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
+impl Drop for TestCa {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// How a start-up attempt ended.
@@ -50,12 +164,43 @@ impl RedisServer {
     /// Blocks the calling thread (for well under a second, normally) until the
     /// server answers `PING`; panics if it does not within 10 s.
     pub fn start_with(args: &[&str]) -> RedisServer {
+        RedisServer::start_as(args, None)
+    }
+
+    /// Starts a server that speaks TLS only (`--port 0 --tls-port <port>`),
+    /// with a fresh CA and a certificate for `127.0.0.1` signed by it (made
+    /// with the `openssl` CLI), plus extra arguments as in
+    /// [`start_with`](Self::start_with). Clients must trust
+    /// [`tls_ca_pem`](Self::tls_ca_pem); [`url`](Self::url) is `rediss://`.
+    pub fn start_tls(args: &[&str]) -> RedisServer {
+        RedisServer::start_as(args, Some(TestCa::new()))
+    }
+
+    /// The arguments that add an ACL user `user` with password `password`,
+    /// allowed every key and command, for [`start_with`](Self::start_with)
+    /// or [`start_tls`](Self::start_tls). The `default` user stays as it is,
+    /// so this harness's own helpers keep working.
+    pub fn acl_user(user: &str, password: &str) -> Vec<String> {
+        [
+            "--user",
+            user,
+            "on",
+            &format!(">{password}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn start_as(args: &[&str], tls: Option<TestCa>) -> RedisServer {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
             let dir = fresh_dir();
-            let mut child = spawn(port, &dir, &args);
-            match wait_ready(&mut child, port) {
+            let mut child = spawn(port, &dir, &args, tls.as_ref());
+            match wait_ready(&mut child, port, tls.is_some()) {
                 Startup::Ready => {
                     return RedisServer {
                         pid: child.id(),
@@ -64,6 +209,7 @@ impl RedisServer {
                         args,
                         dir,
                         paused: AtomicBool::new(false),
+                        tls,
                     };
                 }
                 // Most likely someone else took the port between our probe and
@@ -87,9 +233,40 @@ impl RedisServer {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
-    /// The connection URL, `redis://127.0.0.1:<port>/`.
+    /// The connection URL: `redis://127.0.0.1:<port>/`, or `rediss://…` for a
+    /// server started by [`start_tls`](Self::start_tls).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The URL that logs in as ACL user `user` with `password`
+    /// (`redis://user:password@127.0.0.1:<port>/`; the password is
+    /// percent-encoded where a URL needs it).
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        let encode = |s: &str| {
+            s.bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect::<String>()
+        };
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").expect("url() has a scheme");
+        format!("{scheme}://{}:{}@{rest}", encode(user), encode(password))
+    }
+
+    /// The PEM of the CA that signed a TLS server's certificate; `None` for a
+    /// plain server.
+    pub fn tls_ca_pem(&self) -> Option<&[u8]> {
+        self.tls.as_ref().map(|ca| ca.ca_pem.as_slice())
     }
 
     /// The process id of the current (or, after [`kill9`](Self::kill9), the last) server process.
@@ -102,9 +279,22 @@ impl RedisServer {
         self.child.is_some()
     }
 
-    /// A `redis` client for this server.
+    /// A `redis` client for this server (trusting its test CA when it speaks TLS).
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("a 127.0.0.1 redis URL is always valid")
+        match &self.tls {
+            None => redis::Client::open(self.url()).expect("a 127.0.0.1 redis URL is always valid"),
+            Some(ca) => {
+                if rustls::crypto::CryptoProvider::get_default().is_none() {
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
+                let certs = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.ca_pem.clone()),
+                };
+                redis::Client::build_with_tls(self.url(), certs)
+                    .expect("the test CA is a valid PEM certificate")
+            }
+        }
     }
 
     /// A fresh multiplexed connection straight to the server (bypassing any proxy);
@@ -139,8 +329,8 @@ impl RedisServer {
         self.dir = fresh_dir();
         let deadline = Instant::now() + REBIND_TIMEOUT;
         loop {
-            let mut child = spawn(self.port, &self.dir, &self.args);
-            match wait_ready(&mut child, self.port) {
+            let mut child = spawn(self.port, &self.dir, &self.args, self.tls.as_ref());
+            match wait_ready(&mut child, self.port, self.tls.is_some()) {
                 Startup::Ready => {
                     self.pid = child.id();
                     self.child = Some(child);
@@ -293,12 +483,17 @@ fn fresh_dir() -> PathBuf {
     }
 }
 
-fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
+fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TestCa>) -> Child {
     let binary = std::env::var(BINARY_ENV).unwrap_or_else(|_| "redis-server".to_string());
     let log = File::create(dir.join("redis.log")).expect("cannot create redis.log");
     let log2 = log.try_clone().expect("cannot clone the redis.log handle");
+    let listen = match tls {
+        Some(ca) => ca.args(port),
+        None => vec!["--port".into(), port.to_string()],
+    };
     let spawned = Command::new(&binary)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(listen)
+        .args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .arg("--dir")
         .arg(dir)
@@ -317,15 +512,23 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
     }
 }
 
-/// Polls until the server answers PING, exits, or 10 s pass.
-fn wait_ready(child: &mut Child, port: u16) -> Startup {
+/// Polls until the server answers PING (a TLS server: accepts a connection),
+/// exits, or 10 s pass.
+fn wait_ready(child: &mut Child, port: u16, tls: bool) -> Startup {
     let deadline = Instant::now() + READY_TIMEOUT;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
             return Startup::Exited(status);
         }
-        if answers_ping(addr).unwrap_or(false) {
+        // A TLS port is bound only once the server has loaded its certificate
+        // and is ready, so a completed TCP handshake is enough there.
+        let ready = if tls {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
+        } else {
+            answers_ping(addr).unwrap_or(false)
+        };
+        if ready {
             return Startup::Ready;
         }
         sleep(Duration::from_millis(10));

@@ -23,6 +23,35 @@
 //! (probe, heartbeat, pruning) and the reconciler that writes what was admitted
 //! locally during an outage back to Redis.
 //!
+//! # TLS and ACL users
+//!
+//! The `tls` feature (on by default) connects to `rediss://` URLs with rustls
+//! and its `ring` provider (no OpenSSL, no cmake). The server's certificate is
+//! always verified, and its name must match the URL's host: against the
+//! system's trust store, or only against the CA given to
+//! [`HybridLimiterBuilder::tls_root_certificates`]; a client certificate for
+//! mutual TLS goes to [`HybridLimiterBuilder::tls_client_certificate`].
+//! There is no switch that skips verification (redis-rs's `#insecure` URL
+//! fragment is refused by `build()`). With `default-features = false`, a
+//! `rediss://` URL is refused by `build()` with an error naming the feature.
+//!
+//! An ACL user logs in with `redis://user:password@host:port/` (or
+//! `rediss://…`). A wrong password cannot be seen without I/O, so `build()`
+//! accepts it; every call then fails with `WRONGPASS`, a Redis fault that the
+//! breaker counts and each rule set's [`Policy`] answers, like any outage. The
+//! password never appears in the builder's `Debug`, the limiter's, or an error.
+//!
+//! ```no_run
+//! use tierlimit::HybridLimiter;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = HybridLimiter::builder()
+//!     .redis_url("rediss://app:secret@redis.internal:6380/")
+//!     .tls_root_certificates(std::fs::read("/etc/redis/ca.crt")?)
+//!     .build()?;
+//! # let _ = limiter; Ok(()) }
+//! ```
+//!
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade (install any

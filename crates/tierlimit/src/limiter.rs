@@ -9,7 +9,7 @@ use tierlimit_core::{
     validate_key,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
-use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource};
+use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource, redact_url};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -70,9 +70,9 @@ pub enum Instances {
 /// Builds a [`HybridLimiter`]; see [`HybridLimiter::builder`].
 #[derive(Debug)]
 pub struct HybridLimiterBuilder {
-    /// Held as the Redis tier's config from the start, so its `Debug` (which
-    /// hides the URL's password) is the only way the URL is ever printed.
-    redis: Option<RedisTierConfig>,
+    redis_url: Option<RedactedUrl>,
+    #[cfg(feature = "tls")]
+    redis_tls: RedisTls,
     deadline: Duration,
     client_time: bool,
     default_policy: Policy,
@@ -89,10 +89,66 @@ pub struct HybridLimiterBuilder {
     clock: Arc<dyn Clock>,
 }
 
+/// A Redis URL whose `Debug` hides its credentials, so the builder's derived
+/// `Debug` never prints a password.
+struct RedactedUrl(String);
+
+impl std::fmt::Debug for RedactedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&redact_url(&self.0), f)
+    }
+}
+
+/// TLS material for `rediss://`, handed to [`RedisTierConfig`] at build.
+/// `Debug` says only what is set: the client key is a secret.
+#[cfg(feature = "tls")]
+#[derive(Default)]
+struct RedisTls {
+    root_pem: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("root_certificates", &self.root_pem.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
 impl HybridLimiterBuilder {
-    /// The Redis URL (`redis://host:port/db`). Required.
+    /// The Redis URL. Required. See [`RedisTierConfig::new`] for the forms:
+    /// `redis://host:port/db`, `redis://user:password@host:port/db` for an
+    /// ACL user, `rediss://…` for TLS (the `tls` feature, on by default; the
+    /// server's certificate is always verified). A `rediss://` URL without
+    /// the feature is refused by [`build`](Self::build). The password never
+    /// appears in this builder's `Debug` or in an error.
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.redis = Some(RedisTierConfig::new(url));
+        self.redis_url = Some(RedactedUrl(url.into()));
+        self
+    }
+
+    /// Trusts only the CA certificates in `pem` for a `rediss://` Redis,
+    /// instead of the system's trust store (a private CA). See
+    /// [`RedisTierConfig::tls_root_certificates`].
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.redis_tls.root_pem = Some(pem.into());
+        self
+    }
+
+    /// Authenticates to a `rediss://` Redis with a client certificate chain
+    /// and key, both PEM (mutual TLS). See
+    /// [`RedisTierConfig::tls_client_certificate`].
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.redis_tls.client = Some((chain_pem.into(), key_pem.into()));
         self
     }
 
@@ -208,7 +264,10 @@ impl HybridLimiterBuilder {
     /// field; so is a call outside a Tokio runtime.
     pub fn build(self) -> Result<HybridLimiter> {
         let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
-        let redis = self.redis.ok_or_else(|| invalid("redis_url is required"))?;
+        let url = self
+            .redis_url
+            .ok_or_else(|| invalid("redis_url is required"))?
+            .0;
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
@@ -245,7 +304,21 @@ impl HybridLimiterBuilder {
         } else {
             TimeSource::Server
         };
-        let redis = RedisTier::new(redis.deadline(self.deadline).time_source(time))?;
+        let redis_config = RedisTierConfig::new(url)
+            .deadline(self.deadline)
+            .time_source(time);
+        #[cfg(feature = "tls")]
+        let redis_config = {
+            let mut config = redis_config;
+            if let Some(pem) = self.redis_tls.root_pem {
+                config = config.tls_root_certificates(pem);
+            }
+            if let Some((chain, key)) = self.redis_tls.client {
+                config = config.tls_client_certificate(chain, key);
+            }
+            config
+        };
+        let redis = RedisTier::new(redis_config)?;
         self.reconcile.validate()?;
         let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
         let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
@@ -379,7 +452,9 @@ impl HybridLimiter {
     /// learned instance count.
     pub fn builder() -> HybridLimiterBuilder {
         HybridLimiterBuilder {
-            redis: None,
+            redis_url: None,
+            #[cfg(feature = "tls")]
+            redis_tls: RedisTls::default(),
             deadline: Duration::from_millis(50),
             client_time: false,
             default_policy: Policy::LocalFallback,
