@@ -56,7 +56,11 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
             })
             .breaker(breaker())
             .instances(Instances::Learned { initial: 1 })
-            .heartbeat_every(Duration::from_millis(200))
+            .heartbeat_every(Duration::from_millis(if plan.heartbeat_ms == 0 {
+                200
+            } else {
+                plan.heartbeat_ms
+            }))
             .group("chaos")
             .build()?,
     );

@@ -102,6 +102,10 @@ pub struct AppPlan {
     /// per 2 s and [`EDGE_HOUR_LIMIT`] per hour) instead of 40 per second.
     #[serde(default)]
     pub edge: bool,
+    /// The heartbeat period, ms (0: 200 ms, which the classic scenarios use
+    /// so the apps learn their count within the warm-up).
+    #[serde(default)]
+    pub heartbeat_ms: u64,
 }
 
 impl AppPlan {

@@ -157,6 +157,10 @@ fn run_inner(
             out: dir.join(format!("app{app}.log")),
             sabotage_no_deadline: cfg.sabotage_no_deadline,
             edge: sc.edge,
+            // The edge scenarios beat at the library's default (1 s), as a new
+            // user's apps would: how long an instance count takes to recover
+            // after Redis comes back empty is part of what they test.
+            heartbeat_ms: if sc.edge { 1_000 } else { 200 },
         })
         .collect();
     // Every process's log: one per app, then one per new process (`StartApp`);
