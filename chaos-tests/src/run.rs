@@ -10,7 +10,7 @@ use tierlimit_test::MemoryFiller;
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, Driver, restarted_log};
-use crate::plan::{AppPlan, day_rule, key, mid_day_offset, rule_sets};
+use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
 
 /// How a suite runs.
@@ -137,7 +137,13 @@ fn run_inner(
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let (warm, fault_ms, after) = sc.phases.unwrap_or_else(|| cfg.phases());
     let redis_url = driver.start_redis(sc.oom)?;
-    let start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
+    let mut start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
+    if sc.edge {
+        // The load starts at a boundary of the 2 s windows, so every fault
+        // lands at the same point of its window in every run: a second outage
+        // at 6.5 s starts 0.5 s into a window Redis has mostly spent.
+        start_unix_ms = start_unix_ms.div_ceil(EDGE_WINDOW_S * 1_000) * EDGE_WINDOW_S * 1_000;
+    }
     let day_offset_s = mid_day_offset(start_unix_ms / 1_000);
     let plans: Vec<AppPlan> = (0..cfg.apps)
         .map(|app| AppPlan {
