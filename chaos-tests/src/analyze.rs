@@ -833,6 +833,86 @@ mod tests {
         );
     }
 
+    /// Judges `decisions` (local-fallback stream, key 0) with the edge bound.
+    fn edge(decisions: &[Decision], losses: Vec<(u64, u64)>) -> Vec<Check> {
+        let scenario = crate::scenario::all(1_000, 50)
+            .into_iter()
+            .find(|s| s.name == "crash-loop")
+            .expect("the crash loop exists");
+        let ctx = Context {
+            scenario: &scenario,
+            driver: "test",
+            deadline_ms: 50,
+            max_cool_down_ms: 500,
+            keys: 1,
+            apps: 3,
+            timeline: Timeline {
+                redis_losses: losses,
+                ..Timeline::default()
+            },
+            in_flight: 4,
+            redis_counts: HashMap::new(),
+        };
+        let all: Vec<_> = decisions.iter().map(|d| (0, d)).collect();
+        let mut checks = Vec::new();
+        edge_windows(&ctx, &all, &mut checks);
+        checks
+    }
+
+    fn at(t: u64, tier: Tier) -> Decision {
+        Decision {
+            t,
+            ..decision(tier, true, false)
+        }
+    }
+
+    #[test]
+    fn a_window_straddling_an_outage_is_held_to_limit_plus_instances() {
+        // 61 by Redis and 4 locally in one 2 s window: 65 > 61 + 3.
+        let mut log: Vec<Decision> = (0..61).map(|i| at(i * 1_000, Tier::Redis)).collect();
+        log.extend((0..4).map(|i| at(1_000_000 + i, Tier::Local)));
+        let checks = edge(&log, vec![]);
+        assert_eq!(checks[0].verdict, "FAIL", "{:?}", checks[0]);
+        assert!(checks[0].measured.contains("65 (key 0"), "{:?}", checks[0]);
+        log.pop();
+        assert_eq!(edge(&log, vec![])[0].verdict, "PASS");
+    }
+
+    #[test]
+    fn a_window_in_which_redis_forgot_its_count_is_left_out() {
+        // Redis admits 61, is killed, comes back empty and admits 61 again in
+        // the same window: no limiter could know.
+        let mut log: Vec<Decision> = (0..61).map(|i| at(i * 1_000, Tier::Redis)).collect();
+        log.extend((0..61).map(|i| at(1_000_000 + i * 1_000, Tier::Redis)));
+        let checks = edge(&log, vec![(500_000, 600_000)]);
+        assert_eq!(checks[0].verdict, "N/A", "{:?}", checks[0]);
+        assert!(checks[0].measured.contains("1 window(s) left out"));
+        // Without the kill the same log over-admits.
+        assert_eq!(edge(&log, vec![])[0].verdict, "FAIL");
+    }
+
+    #[test]
+    fn the_log_names_each_checks_failure() {
+        let path = std::env::temp_dir().join(format!("chaos-log-{}.log", std::process::id()));
+        std::fs::write(
+            &path,
+            "d,1,2,2,L,1,0,1,Timeout\nd,3,4,2,L,1,0,1,ConnectionLost\nd,5,6,2,R,1,0,0,-\nd,7,8,2,R,1,0,0\n",
+        )
+        .expect("temp file");
+        let log = AppLog::read(&path);
+        let _ = std::fs::remove_file(&path);
+        let failures: Vec<_> = log.decisions.iter().map(|d| d.failure).collect();
+        assert_eq!(
+            failures,
+            [
+                Some(RedisFailure::Timeout),
+                Some(RedisFailure::ConnectionLost),
+                None,
+                None
+            ]
+        );
+    }
+
     #[test]
     fn a_killed_apps_unlogged_checks_are_slack_over_all_keys_together() {
         // No decisions logged; one killed app had 4 checks in flight.
