@@ -5,10 +5,12 @@
 //! The log is plain text, one record per line, written as it happens so a killed
 //! app loses only the checks in flight when it died:
 //!
-//! * `d,<t_us>,<latency_us>,<stream>,<tier>,<allowed 0|1>,<key>,<maybe_ran 0|1>`:
+//! * `d,<t_us>,<latency_us>,<stream>,<tier>,<allowed 0|1>,<key>,<maybe_ran 0|1>,<failure|->`:
 //!   a decision; `maybe_ran` is 1 when the policy answered because the check's
 //!   own Redis call failed in a way that may have run the script anyway
-//!   ([`tierlimit::RedisFailure::may_have_run`])
+//!   ([`tierlimit::RedisFailure::may_have_run`]); `failure` names that
+//!   failure (`Timeout`, `ConnectionRefused`, `ConnectionLost`, ..., the
+//!   [`RedisFailure`] variant), `-` when the check's own call did not fail
 //! * `e,<t_us>,<latency_us>,<stream>,<message>`: a check that returned an error
 //! * `s,<t_us>,<state>,<probe_due_t_us|->`: the breaker changed state
 //! * `f,<reconciled>,<expired>,<overflow>,<pending>,<batches_retried>,<instances>`:
@@ -43,7 +45,7 @@ pub fn breaker() -> BreakerConfig {
 
 /// Runs one app to completion. Errors are set-up errors (bad plan, unwritable log).
 pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
-    let sets = Arc::new(rule_sets(plan.day_offset_s)?);
+    let sets = Arc::new(rule_sets(plan.day_offset_s, plan.edge)?);
     let limiter = Arc::new(
         HybridLimiter::builder()
             .redis_url(plan.redis_url.clone())
@@ -54,7 +56,11 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
             })
             .breaker(breaker())
             .instances(Instances::Learned { assume: None })
-            .heartbeat_every(Duration::from_millis(200))
+            .heartbeat_every(Duration::from_millis(if plan.heartbeat_ms == 0 {
+                200
+            } else {
+                plan.heartbeat_ms
+            }))
             .group("chaos")
             .build()?,
     );
@@ -105,7 +111,10 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
         })
     };
 
-    let end = Instant::now() + Duration::from_millis(plan.run_ms);
+    // The load ends at the same wall-clock time in every app, including one
+    // started again mid-run (a rolling restart), which starts at once.
+    let end = Instant::now()
+        + Duration::from_micros((start_us + plan.run_ms * 1_000).saturating_sub(unix_us()));
     let tasks: Vec<_> = (0..plan.tasks)
         .map(|t| {
             let (limiter, sets, tx, plan) =
@@ -121,10 +130,12 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     let lat = begun.elapsed().as_micros();
                     let line = match result {
                         Ok(d) => format!(
-                            "d,{at},{lat},{stream},{},{},{k},{}",
+                            "d,{at},{lat},{stream},{},{},{k},{},{}",
                             tier_code(d.tier),
                             u8::from(d.allowed),
-                            u8::from(d.redis_failure.is_some_and(RedisFailure::may_have_run))
+                            u8::from(d.redis_failure.is_some_and(RedisFailure::may_have_run)),
+                            d.redis_failure
+                                .map_or_else(|| "-".to_string(), |f| format!("{f:?}"))
                         ),
                         Err(e) => {
                             format!("e,{at},{lat},{stream},{}", e.to_string().replace(',', ";"))

@@ -37,6 +37,19 @@ pub enum Action {
     ClearNetworkFault,
     /// SIGKILL one app.
     KillApp(usize),
+    /// Start a new process of an app (killed before) with the same plan, at
+    /// once (its load starts without a lead and ends with the others'),
+    /// logging to [`restarted_log`]: a rolling restart's new process.
+    StartApp(usize),
+}
+
+/// The log of the `generation`-th new process of the app whose first log is
+/// `first` (`app0.log` -> `app0-r1.log`).
+pub fn restarted_log(first: &Path, generation: usize) -> std::path::PathBuf {
+    let stem = first
+        .file_stem()
+        .map_or_else(|| "app".into(), |s| s.to_string_lossy().into_owned());
+    first.with_file_name(format!("{stem}-r{generation}.log"))
 }
 
 /// Hosts Redis and the apps, and makes faults.

@@ -11,6 +11,60 @@ use tierlimit::{Algorithm, Policy, Rule, RuleSet, Tier};
 /// second (a fixed window, so "per window" is exact).
 pub const WINDOW_LIMIT: u64 = 40;
 
+/// The edge scenarios' local-fallback stream (the rules a new user tried in
+/// issue 9): a fixed window of [`EDGE_WINDOW_LIMIT`] per [`EDGE_WINDOW_S`]
+/// seconds, an hourly fixed window of [`EDGE_HOUR_LIMIT`] (low enough that
+/// the hour binds within a run, so over-admission across outages shows in it),
+/// and the reconciled natural-day counter.
+pub const EDGE_WINDOW_LIMIT: u64 = 61;
+/// The edge window's period, seconds.
+pub const EDGE_WINDOW_S: u64 = 2;
+/// The edge hourly limit per key: about what a key is admitted in the first
+/// 9 to 10 s of an edge run (61 per 2 s), so the hour is spent late in the
+/// second outage or soon after, and is still open when it starts.
+pub const EDGE_HOUR_LIMIT: u64 = 300;
+
+/// One fixed-window rule of the local-fallback stream, as the judge sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgedRule {
+    /// A name for the report.
+    pub name: &'static str,
+    /// The global limit per key per window.
+    pub limit: u64,
+    /// The window, µs (aligned to the Unix epoch: UTC offset 0).
+    pub period_us: u64,
+}
+
+/// The fixed-window rules of the local-fallback stream (the natural-day
+/// counter aside: it never binds).
+pub fn judged_rules(edge: bool) -> Vec<JudgedRule> {
+    if edge {
+        vec![
+            JudgedRule {
+                name: "61 per 2 s",
+                limit: EDGE_WINDOW_LIMIT,
+                period_us: EDGE_WINDOW_S * 1_000_000,
+            },
+            JudgedRule {
+                name: "300 per hour",
+                limit: EDGE_HOUR_LIMIT,
+                period_us: 3_600_000_000,
+            },
+        ]
+    } else {
+        vec![JudgedRule {
+            name: "40 per second",
+            limit: WINDOW_LIMIT,
+            period_us: 1_000_000,
+        }]
+    }
+}
+
+/// The index of the natural-day rule in the local-fallback set.
+pub fn day_rule(edge: bool) -> usize {
+    if edge { 2 } else { 1 }
+}
+
 /// The streams of every app: one rule set per policy.
 pub const STREAMS: [&str; 3] = ["fail-open", "fail-closed", "local-fallback"];
 
@@ -44,6 +98,14 @@ pub struct AppPlan {
     /// instead of the deadline, so the suite can show it catches that.
     #[serde(default)]
     pub sabotage_no_deadline: bool,
+    /// The local-fallback stream uses the edge rules ([`EDGE_WINDOW_LIMIT`]
+    /// per 2 s and [`EDGE_HOUR_LIMIT`] per hour) instead of 40 per second.
+    #[serde(default)]
+    pub edge: bool,
+    /// The heartbeat period, ms (0: 200 ms, which the classic scenarios use
+    /// so the apps learn their count within the warm-up).
+    #[serde(default)]
+    pub heartbeat_ms: u64,
 }
 
 impl AppPlan {
@@ -54,10 +116,28 @@ impl AppPlan {
 }
 
 /// The three rule sets, by stream index. The local-fallback one binds at
-/// [`WINDOW_LIMIT`] per second and counts every unit in a natural-day window
-/// (reconciled after an outage: the controller reads it back).
-pub fn rule_sets(day_offset_s: i64) -> tierlimit::Result<[RuleSet; 3]> {
+/// [`WINDOW_LIMIT`] per second (or, with `edge`, at the edge rules) and
+/// counts every unit in a natural-day window (reconciled after an outage: the
+/// controller reads it back).
+pub fn rule_sets(day_offset_s: i64, edge: bool) -> tierlimit::Result<[RuleSet; 3]> {
     let roomy = || Rule::per_second(100_000);
+    if edge {
+        return Ok([
+            RuleSet::new("chaos-open", [roomy()?])?.with_policy(Policy::FailOpen),
+            RuleSet::new("chaos-closed", [roomy()?])?.with_policy(Policy::FailClosed),
+            RuleSet::new(
+                "chaos-edge",
+                [
+                    Rule::with_period(EDGE_WINDOW_LIMIT, Duration::from_secs(EDGE_WINDOW_S))?
+                        .with_algorithm(Algorithm::FixedWindow)?,
+                    Rule::with_period(EDGE_HOUR_LIMIT, Duration::from_secs(3_600))?
+                        .with_algorithm(Algorithm::FixedWindow)?,
+                    Rule::per_natural_day(100_000_000, day_offset_s)?,
+                ],
+            )?
+            .with_policy(Policy::LocalFallback),
+        ]);
+    }
     Ok([
         RuleSet::new("chaos-open", [roomy()?])?.with_policy(Policy::FailOpen),
         RuleSet::new("chaos-closed", [roomy()?])?.with_policy(Policy::FailClosed),

@@ -124,6 +124,12 @@ impl Report {
             for c in &s.checks {
                 let _ = writeln!(md, "- {} {}: {}", c.verdict, c.bound, c.measured);
             }
+            if !s.notes.is_empty() {
+                let _ = writeln!(md, "\nWhat the apps saw:\n");
+                for n in &s.notes {
+                    let _ = writeln!(md, "- {n}");
+                }
+            }
             let _ = writeln!(md);
         }
         md

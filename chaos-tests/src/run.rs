@@ -9,8 +9,8 @@ use tierlimit_core::escape_key;
 use tierlimit_test::MemoryFiller;
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
-use crate::driver::{Action, Driver};
-use crate::plan::{AppPlan, key, mid_day_offset, rule_sets};
+use crate::driver::{Action, Driver, restarted_log};
+use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
 
 /// How a suite runs.
@@ -135,9 +135,15 @@ fn run_inner(
     let dir = cfg.work_dir.join(sc.name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let (warm, fault_ms, after) = cfg.phases();
+    let (warm, fault_ms, after) = sc.phases.unwrap_or_else(|| cfg.phases());
     let redis_url = driver.start_redis(sc.oom)?;
-    let start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
+    let mut start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
+    if sc.edge {
+        // The load starts at a boundary of the 2 s windows, so every fault
+        // lands at the same point of its window in every run: a second outage
+        // at 6.5 s starts 0.5 s into a window Redis has mostly spent.
+        start_unix_ms = start_unix_ms.div_ceil(EDGE_WINDOW_S * 1_000) * EDGE_WINDOW_S * 1_000;
+    }
     let day_offset_s = mid_day_offset(start_unix_ms / 1_000);
     let plans: Vec<AppPlan> = (0..cfg.apps)
         .map(|app| AppPlan {
@@ -156,8 +162,18 @@ fn run_inner(
             day_offset_s,
             out: dir.join(format!("app{app}.log")),
             sabotage_no_deadline: cfg.sabotage_no_deadline,
+            edge: sc.edge,
+            // The edge scenarios beat at the library's default (1 s), as a new
+            // user's apps would: how long an instance count takes to recover
+            // after Redis comes back empty is part of what they test.
+            heartbeat_ms: if sc.edge { 1_000 } else { 200 },
         })
         .collect();
+    // Every process's log: one per app, then one per new process (`StartApp`);
+    // `current[app]` is the index of the app's newest log.
+    let mut log_paths: Vec<PathBuf> = plans.iter().map(|p| p.out.clone()).collect();
+    let mut current: Vec<usize> = (0..plans.len()).collect();
+    let mut generations = vec![0usize; plans.len()];
     driver.start_apps(&dir, &plans)?;
     let start_us = start_unix_ms * 1_000;
     let began = Instant::now();
@@ -185,7 +201,8 @@ fn run_inner(
     sleep_until(start_us, warm * 1_000);
     let fault_at = unix_us() - start_us;
     let mut killed = Vec::new();
-    // Set when the kill has surely landed: once `act` returns (a `docker kill`
+    let mut redis_losses = Vec::new();
+    // Set when the last kill has surely landed: once `act` returns (a `docker kill`
     // lands tens of ms after it is asked for; Redis admits until then).
     let mut data_lost_at = None;
     let filler = match sc.oom {
@@ -202,11 +219,22 @@ fn run_inner(
             next_tick += 1_000;
         }
         sleep_until(start_us, (warm + at) * 1_000);
+        let asked = unix_us() - start_us;
         driver.act(action)?;
+        let done = unix_us() - start_us;
         match action {
-            Action::KillApp(i) => killed.push((i, unix_us() - start_us)),
-            Action::KillRedis if data_lost_at.is_none() => {
-                data_lost_at = Some(unix_us() - start_us)
+            Action::KillApp(i) => killed.push((current.get(i).copied().unwrap_or(i), done)),
+            Action::StartApp(i) => {
+                let g = generations
+                    .get_mut(i)
+                    .ok_or_else(|| format!("no app {i}"))?;
+                *g += 1;
+                log_paths.push(restarted_log(&plans[i].out, *g));
+                current[i] = log_paths.len() - 1;
+            }
+            Action::KillRedis => {
+                data_lost_at = Some(done);
+                redis_losses.push((asked, done));
             }
             _ => {}
         }
@@ -218,7 +246,11 @@ fn run_inner(
     }
     sleep_until(start_us, (warm + fault_ms) * 1_000);
     for action in &sc.heal {
+        let asked = unix_us() - start_us;
         driver.act(*action)?;
+        if *action == Action::KillRedis {
+            redis_losses.push((asked, unix_us() - start_us));
+        }
     }
     if let Some(filler) = filler {
         filler.stop()?;
@@ -237,7 +269,7 @@ fn run_inner(
             std::thread::sleep(Duration::from_millis(5));
         }
         driver.act(Action::KillApp(app))?;
-        killed.push((app, unix_us() - start_us));
+        killed.push((current[app], unix_us() - start_us));
     }
     while next_tick < warm + fault_ms + after {
         sleep_until(start_us, next_tick * 1_000);
@@ -248,13 +280,13 @@ fn run_inner(
     tell("done");
 
     // Read back the natural-day counter of every local-fallback key.
-    let set = &rule_sets(day_offset_s).map_err(|e| e.to_string())?[2];
+    let set = &rule_sets(day_offset_s, sc.edge).map_err(|e| e.to_string())?[2];
     let mut conn = redis::Client::open(driver.controller_url()?)
         .and_then(|c| c.get_connection())
         .map_err(|e| format!("reading Redis back: {e}"))?;
     let mut redis_counts = HashMap::new();
     for k in 0..sc.keys {
-        let storage = set.storage_key(&escape_key(&key(2, k)), 1);
+        let storage = set.storage_key(&escape_key(&key(2, k)), day_rule(sc.edge));
         let c: Option<u64> = redis::cmd("HGET")
             .arg(&storage)
             .arg("c")
@@ -262,9 +294,7 @@ fn run_inner(
             .map_err(|e| e.to_string())?;
         redis_counts.insert(k, c.unwrap_or(0));
     }
-    let logs: Vec<AppLog> = (0..cfg.apps)
-        .map(|i| AppLog::read(&dir.join(format!("app{i}.log"))))
-        .collect();
+    let logs: Vec<AppLog> = log_paths.iter().map(|p| AppLog::read(p)).collect();
     let ctx = Context {
         in_flight: plans.first().map_or(0, |p| p.tasks as u64),
         scenario: sc,
@@ -272,10 +302,12 @@ fn run_inner(
         deadline_ms: cfg.deadline_ms,
         max_cool_down_ms: crate::app::breaker().max_cool_down.as_millis() as u64,
         keys: sc.keys,
+        apps: cfg.apps as u64,
         timeline: Timeline {
             fault_at,
             healed_at,
             data_lost_at,
+            redis_losses,
             killed,
             start_unix_us: start_us,
         },

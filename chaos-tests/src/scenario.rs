@@ -25,8 +25,18 @@ pub struct Scenario {
     /// An app killed after the heal, once its breaker has closed (mid-drain).
     pub kill_app_after_close: Option<usize>,
     /// Whether the trip must happen within 200 ms (refused or reset
-    /// connections) rather than 500 ms (hangs).
+    /// connections) rather than 500 ms (hangs). An app that saw its calls time
+    /// out before it tripped saw a hang whatever the fault was, and is judged
+    /// by the hang bound (the report says so).
     pub fast_trip: bool,
+    /// Warm-up, fault and after-fault phases, ms, when this scenario needs
+    /// its own, quick or not (the edge scenarios: two outages, or three
+    /// restarts, timed against the hour rule's limit).
+    pub phases: Option<(u64, u64, u64)>,
+    /// The local-fallback stream uses the edge rules (61 per 2 s and 300 per
+    /// hour, see [`crate::plan::EDGE_WINDOW_LIMIT`]), and every window of each
+    /// rule is judged, not only windows wholly inside an outage.
+    pub edge: bool,
 }
 
 impl Scenario {
@@ -41,6 +51,8 @@ impl Scenario {
             keys: 4,
             kill_app_after_close: None,
             fast_trip: false,
+            phases: None,
+            edge: false,
         }
     }
 }
@@ -140,6 +152,47 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
                 "Redis hangs; after it returns one app is killed while it drains its ledger",
                 vec![(0, PauseRedis)],
                 vec![ResumeRedis],
+            )
+        },
+        // The edge scenarios of issue 9. Their phases are their own, the same in
+        // quick and full runs.
+        Scenario {
+            edge: true,
+            phases: Some((1_500, 7_000, 2_000)),
+            ..Scenario::new(
+                "second-outage-in-hour",
+                "Redis hangs 1 s, is healthy 4 s, hangs 2 s: the second outage falls within the hour rule's period",
+                vec![(0, PauseRedis), (1_000, ResumeRedis), (5_000, PauseRedis)],
+                vec![ResumeRedis],
+            )
+        },
+        Scenario {
+            edge: true,
+            fast_trip: true,
+            phases: Some((1_500, 8_000, 2_000)),
+            ..Scenario::new(
+                "crash-loop",
+                "SIGKILL Redis, start it empty, 2 s later SIGKILL it again (the heartbeat set is gone each time)",
+                vec![(0, KillRedis), (1_500, StartRedis), (3_500, KillRedis)],
+                vec![StartRedis],
+            )
+        },
+        Scenario {
+            edge: true,
+            outage: false,
+            phases: Some((1_500, 6_000, 2_000)),
+            ..Scenario::new(
+                "rolling-restart",
+                "Redis healthy; app 0, then 1, then 2 is killed and a new process started at once, 2 s apart",
+                vec![
+                    (0, KillApp(0)),
+                    (0, StartApp(0)),
+                    (2_000, KillApp(1)),
+                    (2_000, StartApp(1)),
+                    (4_000, KillApp(2)),
+                    (4_000, StartApp(2)),
+                ],
+                vec![],
             )
         },
     ]

@@ -77,6 +77,12 @@ struct Project {
     apps: Vec<String>,
     /// Whether `KillApp` killed each app (its non-zero exit is then expected).
     killed: Vec<bool>,
+    /// The run directory on the host, and each app's plan as its container
+    /// reads it, with how many new processes it had.
+    dir: PathBuf,
+    plans: Vec<(AppPlan, usize)>,
+    /// Containers of new processes (`StartApp`): (app, id, killed).
+    restarted: Vec<(usize, String, bool)>,
 }
 
 impl Default for DockerDriver {
@@ -394,6 +400,9 @@ impl Driver for DockerDriver {
             cut: false,
             apps: Vec::new(),
             killed: Vec::new(),
+            dir: PathBuf::new(),
+            plans: Vec::new(),
+            restarted: Vec::new(),
         });
         self.compose(&["up", "-d", "--no-deps", "redis", "proxy"]).map_err(|e| {
             format!(
@@ -446,6 +455,7 @@ impl Driver for DockerDriver {
             .canonicalize()
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut services = Vec::new();
+        let mut inside_plans = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
             let rel = under(dir, &plan.out)?;
             let file = format!("app{i}.json");
@@ -462,6 +472,7 @@ impl Driver for DockerDriver {
             let path = real_dir.join(&file);
             std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
             services.push(format!("app{i}"));
+            inside_plans.push((inside, 0));
         }
         let project = self.project()?;
         project.env.retain(|(k, _)| k != "CHAOS_DIR");
@@ -478,6 +489,8 @@ impl Driver for DockerDriver {
         let project = self.project()?;
         project.killed = vec![false; apps.len()];
         project.apps = apps;
+        project.plans = inside_plans;
+        project.dir = real_dir;
         Ok(())
     }
 
@@ -521,14 +534,46 @@ impl Driver for DockerDriver {
             }
             Action::CutNetwork | Action::RestoreNetwork => {}
             Action::KillApp(i) => {
-                let id = p
-                    .apps
-                    .get(i)
-                    .cloned()
-                    .ok_or_else(|| format!("no app {i}"))?;
-                self.kill(&id)
-                    .map_err(|e| format!("killing app {i}: {e}"))?;
-                self.project()?.killed[i] = true;
+                // Its newest container.
+                if let Some(n) = p.restarted.iter().rposition(|(a, _, _)| *a == i) {
+                    let id = p.restarted[n].1.clone();
+                    self.kill(&id)
+                        .map_err(|e| format!("killing app {i}: {e}"))?;
+                    self.project()?.restarted[n].2 = true;
+                } else {
+                    let id = p
+                        .apps
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("no app {i}"))?;
+                    self.kill(&id)
+                        .map_err(|e| format!("killing app {i}: {e}"))?;
+                    self.project()?.killed[i] = true;
+                }
+            }
+            Action::StartApp(i) => {
+                let (first, generation) =
+                    p.plans.get_mut(i).ok_or_else(|| format!("no app {i}"))?;
+                *generation += 1;
+                let mut plan = first.clone();
+                plan.out = super::restarted_log(&first.out, *generation);
+                let file = format!("app{i}-r{generation}.json");
+                let path = p.dir.join(&file);
+                let json = serde_json::to_string_pretty(&plan).map_err(|e| e.to_string())?;
+                std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+                // A one-off container of the app's service with the new plan;
+                // compose prints its name.
+                let service = format!("app{i}");
+                let inside = format!("{MOUNT}/{file}");
+                let out =
+                    self.compose(&["run", "-d", "--no-deps", &service, "chaos-app", &inside])?;
+                let id = out
+                    .lines()
+                    .map(str::trim)
+                    .rfind(|l| !l.is_empty())
+                    .ok_or_else(|| format!("compose run printed no container for app {i}"))?
+                    .to_string();
+                self.project()?.restarted.push((i, id, false));
             }
             Action::ResetConnections => self.proxy_fault(Fault::Reset)?,
             Action::Latency(ms) => self.proxy_fault(Fault::Latency(Duration::from_millis(ms)))?,
@@ -547,6 +592,16 @@ impl Driver for DockerDriver {
                 return Err(format!(
                     "app {i} exited with status {code}; its output ends:\n{}",
                     logs(id)
+                ));
+            }
+        }
+        let restarted = self.project()?.restarted.clone();
+        for (i, id, killed) in restarted {
+            let code = docker(&["wait", &id])?;
+            if code != "0" && !killed {
+                return Err(format!(
+                    "app {i} (restarted) exited with status {code}; its output ends:\n{}",
+                    logs(&id)
                 ));
             }
         }

@@ -18,6 +18,10 @@ pub struct ProcessDriver {
     redis: Option<RedisServer>,
     proxy: Option<FaultProxy>,
     apps: Vec<Child>,
+    /// Every app's plan, by index, and how many new processes it had.
+    plans: Vec<(AppPlan, usize)>,
+    /// New processes started by `StartApp`, waited for with the others.
+    restarted: Vec<(usize, Child)>,
 }
 
 impl ProcessDriver {
@@ -39,6 +43,8 @@ impl ProcessDriver {
             redis: None,
             proxy: None,
             apps: Vec::new(),
+            plans: Vec::new(),
+            restarted: Vec::new(),
         })
     }
 
@@ -52,6 +58,18 @@ impl ProcessDriver {
         self.proxy
             .as_ref()
             .ok_or_else(|| "the fault proxy is not started".to_string())
+    }
+}
+
+impl ProcessDriver {
+    fn spawn(&self, plan: &AppPlan) -> Result<Child, String> {
+        let plan_path = plan.out.with_extension("json");
+        let json = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
+        std::fs::write(&plan_path, json).map_err(|e| format!("{}: {e}", plan_path.display()))?;
+        Command::new(&self.app_bin)
+            .arg(&plan_path)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.app_bin.display()))
     }
 }
 
@@ -80,15 +98,9 @@ impl Driver for ProcessDriver {
 
     fn start_apps(&mut self, _dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
         for plan in plans {
-            let plan_path = plan.out.with_extension("json");
-            let json = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
-            std::fs::write(&plan_path, json)
-                .map_err(|e| format!("{}: {e}", plan_path.display()))?;
-            let child = Command::new(&self.app_bin)
-                .arg(&plan_path)
-                .spawn()
-                .map_err(|e| format!("starting {}: {e}", self.app_bin.display()))?;
+            let child = self.spawn(plan)?;
             self.apps.push(child);
+            self.plans.push((plan.clone(), 0));
         }
         Ok(())
     }
@@ -104,9 +116,22 @@ impl Driver for ProcessDriver {
             Action::Latency(ms) => self.proxy()?.set(Fault::Latency(Duration::from_millis(ms))),
             Action::RestoreNetwork | Action::ClearNetworkFault => self.proxy()?.set(Fault::None),
             Action::KillApp(i) => {
-                let app = self.apps.get_mut(i).ok_or_else(|| format!("no app {i}"))?;
+                // Its newest process.
+                let app = match self.restarted.iter_mut().rev().find(|(a, _)| *a == i) {
+                    Some((_, child)) => child,
+                    None => self.apps.get_mut(i).ok_or_else(|| format!("no app {i}"))?,
+                };
                 app.kill().map_err(|e| format!("killing app {i}: {e}"))?;
                 let _ = app.wait();
+            }
+            Action::StartApp(i) => {
+                let (first, generation) =
+                    self.plans.get_mut(i).ok_or_else(|| format!("no app {i}"))?;
+                *generation += 1;
+                let mut plan = first.clone();
+                plan.out = super::restarted_log(&first.out, *generation);
+                let child = self.spawn(&plan)?;
+                self.restarted.push((i, child));
             }
         }
         Ok(())
@@ -122,6 +147,14 @@ impl Driver for ProcessDriver {
                 return Err(format!("app {i} exited with status {code}"));
             }
         }
+        for (i, app) in &mut self.restarted {
+            let status = app
+                .wait()
+                .map_err(|e| format!("waiting for app {i} (restarted): {e}"))?;
+            if let Some(code) = status.code().filter(|c| *c != 0) {
+                return Err(format!("app {i} (restarted) exited with status {code}"));
+            }
+        }
         Ok(())
     }
 
@@ -131,6 +164,12 @@ impl Driver for ProcessDriver {
             let _ = app.wait();
         }
         self.apps.clear();
+        for (_, app) in &mut self.restarted {
+            let _ = app.kill();
+            let _ = app.wait();
+        }
+        self.restarted.clear();
+        self.plans.clear();
         self.proxy = None;
         self.redis = None;
     }
