@@ -31,6 +31,9 @@ cd "$root"
 case "$driver" in
     process)
         # The dev profile is optimised (see Cargo.toml) and shares its build with the tests.
+        # Every binary: the controller starts chaos-app from beside itself, and
+        # `cargo run --bin chaos` alone would leave a stale one there.
+        cargo build -p chaos-tests --bins
         cargo run -p chaos-tests --bin chaos -- --driver process ${args[@]+"${args[@]}"}
         ;;
 
