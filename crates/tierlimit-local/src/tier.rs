@@ -126,12 +126,23 @@ struct Denial {
     decision: Decision,
 }
 
-/// Cached denials expire early by a random share of their retry-after, up to
-/// this one: denials cached at one window boundary would otherwise all expire
-/// at the same instant, and the whole fleet would return to Redis at once
-/// (latency spikes of 15-27 ms at each boundary were measured for issue 9).
-/// Early, never late: Redis stays the judge of when a retry is admitted.
+/// Cached denials that would expire in a crowded millisecond expire early
+/// instead, by a random share of their retry-after up to this one: denials
+/// cached at one window boundary would otherwise all expire at the same
+/// instant, and the whole fleet would return to Redis at once (latency spikes
+/// of 15-27 ms at each boundary were measured for issue 9). Early, never late:
+/// Redis stays the judge of when a retry is admitted.
 pub const DENIAL_SPREAD: f64 = 0.2;
+
+/// Denials that may expire in one millisecond before the rest are spread: a
+/// lone hammered key is never moved, so it keeps costing one Redis call per
+/// retry-after.
+const CROWDED: u64 = 16;
+/// Milliseconds of expiries tracked at once (a ring; an older millisecond's
+/// count is taken over by a newer one).
+const EXPIRY_RING: usize = 64;
+/// Bits of a ring slot holding the count; the millisecond is above them.
+const COUNT_BITS: u32 = 20;
 
 #[derive(Debug)]
 struct Warm {
@@ -176,6 +187,9 @@ pub struct LocalTier {
     outage: AtomicU64,
     /// Until when (clock µs) the ended outage's buckets still bound their keys.
     settle_until_us: AtomicU64,
+    /// How many cached denials expire in each recent millisecond, as
+    /// `ms << COUNT_BITS | count`, to tell a crowd from a lone key.
+    expiries: [AtomicU64; EXPIRY_RING],
 }
 
 /// Local state is keyed like Redis state: by the rule set's identity (its
@@ -217,7 +231,23 @@ impl LocalTier {
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
             settle_until_us: AtomicU64::new(0),
+            expiries: std::array::from_fn(|_| AtomicU64::new(0)),
         })
+    }
+
+    /// Counts one more denial expiring at `until_us`; true when that
+    /// millisecond already holds [`CROWDED`] of them.
+    fn crowded(&self, until_us: u64) -> bool {
+        let ms = until_us / 1_000;
+        let slot = &self.expiries[(ms % EXPIRY_RING as u64) as usize];
+        let mask = (1u64 << COUNT_BITS) - 1;
+        let tag = ms << COUNT_BITS;
+        let mut count = 0;
+        let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            count = if v & !mask == tag { (v & mask) + 1 } else { 1 };
+            Some(tag | count.min(mask))
+        });
+        count > CROWDED
     }
 
     /// Ends the current outage: Redis answers again. Every bucket made so far
@@ -457,13 +487,15 @@ impl LocalTier {
             return;
         };
         if fresh {
-            spread(&mut d);
+            if self.crowded(retry_until_us) {
+                spread(&mut d);
+            }
             return;
         }
         // A denial still nominally in force expired early (the spread) and
         // Redis denied again: keep the key off Redis until the retry-after
         // itself, so the spread costs one extra call per retry-after, not more.
-        if d.retry_until_us <= now {
+        if d.retry_until_us <= now && self.crowded(retry_until_us) {
             spread(&mut denial);
         }
         // Keep the smaller cost: a denial at cost c implies a denial at any cost >= c.

@@ -73,6 +73,9 @@ struct Inner {
     bulk: ArcSwapOption<ConnectionManager>,
     replacing: AtomicBool,
     replaced: AtomicU64,
+    /// The reconcile script was loaded on the server since the connections
+    /// were last dropped (every probe drops them); see [`RedisTier::check_after`].
+    reconcile_loaded: AtomicBool,
 }
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
@@ -137,6 +140,7 @@ impl RedisTier {
                 bulk: ArcSwapOption::empty(),
                 replacing: AtomicBool::new(false),
                 replaced: AtomicU64::new(0),
+                reconcile_loaded: AtomicBool::new(false),
             }),
         })
     }
@@ -332,9 +336,24 @@ impl RedisTier {
         cmds.push(evalsha_check(keys, args));
         let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
         let scripts: [&Script; 2] = [&RECONCILE, &CHECK];
-        self.call(|conn| pipeline_scripts(conn, &scripts, &cmds, &mut replies))
-            .await
-            .map_err(Failure::into_error)?;
+        // A server that restarted since holds the check script (every check
+        // loads it) but maybe not the reconcile script: the pipeline would get
+        // NOSCRIPT for the write-backs only, run the check, and re-send them
+        // after it. So the reconcile script is loaded first, once per
+        // connection, under the same deadline as the pipeline.
+        let loaded = &self.inner.reconcile_loaded;
+        self.call(|conn| async {
+            if !loaded.load(Ordering::Acquire) {
+                send_refused_once(conn.clone(), |mut c| async move {
+                    RECONCILE.load_async(&mut c).await
+                })
+                .await?;
+                loaded.store(true, Ordering::Release);
+            }
+            pipeline_scripts(conn, &scripts, &cmds, &mut replies).await
+        })
+        .await
+        .map_err(Failure::into_error)?;
         let check = match replies.pop().flatten() {
             Some(Value::ServerError(e)) => return Err(classify_server(e)),
             Some(reply) => parse_verdict(reply, set)?,
@@ -391,6 +410,7 @@ impl RedisTier {
     pub fn drop_connection(&self) {
         self.inner.conn.store(None);
         self.inner.bulk.store(None);
+        self.inner.reconcile_loaded.store(false, Ordering::Release);
     }
 
     /// Starts building a fresh connection in the background and swaps it in
