@@ -44,6 +44,7 @@ fn suite(names: &[&str], sabotage: bool, tag: &str) -> Report {
 
 #[test]
 fn hang_and_app_loss_keep_every_bound() {
+    let _serial = tierlimit_test::serial_blocking();
     let report = suite(&["hang-redis", "app-killed-in-reconcile"], false, "ok");
     println!("{}", report.markdown("none.svg"));
     assert!(
@@ -57,6 +58,7 @@ fn hang_and_app_loss_keep_every_bound() {
 /// (60 s instead of 50 ms) must fail the hang scenario on the latency bound.
 #[test]
 fn a_limiter_without_a_deadline_fails_the_suite() {
+    let _serial = tierlimit_test::serial_blocking();
     let report = suite(&["hang-redis"], true, "sabotage");
     let failures = report.failures();
     for f in &failures {

@@ -82,6 +82,7 @@ fn ping(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
 
 #[test]
 fn faults_set_over_the_control_port_take_effect() {
+    let _serial = tierlimit_test::serial_blocking();
     let server = RedisServer::start();
     // A host name, as in the compose project ("redis:6379"): looked up per connection.
     let proxy_proc = start_proxy(&format!("localhost:{}", server.port()));
@@ -119,6 +120,7 @@ fn faults_set_over_the_control_port_take_effect() {
 
 #[test]
 fn a_bad_control_line_gets_an_error_and_changes_nothing() {
+    let _serial = tierlimit_test::serial_blocking();
     let server = RedisServer::start();
     let proxy_proc = start_proxy(&server.addr().to_string());
     proxy::send(

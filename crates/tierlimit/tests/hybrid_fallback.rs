@@ -19,6 +19,7 @@ use tierlimit_test::{Load, RedisServer};
 /// them, where each with the whole limit would admit 3 x limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_the_limit_during_an_outage() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 30;
     let server = RedisServer::start();
     let mut limiters = Vec::new();
@@ -131,6 +132,7 @@ async fn three_instances_share_the_limit_during_an_outage() {
 /// the bound is 43. An instance is now counted for `instance_ttl` (30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_cut_off_from_redis_still_counts_for_the_others() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = tierlimit_test::FaultProxy::start(server.addr()).await;
     let mut limiters = Vec::new();
@@ -162,6 +164,7 @@ async fn an_instance_cut_off_from_redis_still_counts_for_the_others() {
 /// remaining 10 locally after the breaker opens, not a fresh 100.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_starts_warm_from_what_redis_last_reported() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url())).await;
     let set = RuleSet::new("quota", [Rule::per_hour(100).expect("valid")]).expect("valid");
@@ -203,6 +206,7 @@ async fn a_bucket_starts_warm_from_what_redis_last_reported() {
 /// denial cache: Redis sees at most one script call per retry-after period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url())).await;
     // 5 per 1 s fixed window: once denied, the retry-after is the rest of the window.
@@ -243,6 +247,7 @@ async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
 /// within its bound and the process memory bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_spray_while_open_stays_within_the_bound() {
+    let _serial = tierlimit_test::serial().await;
     const MAX_KEYS: usize = 10_000;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url()).local(LocalConfig {

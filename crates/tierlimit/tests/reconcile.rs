@@ -88,6 +88,7 @@ async fn used(conn: &mut redis::aio::MultiplexedConnection, key: &str, rule: &Ru
 /// outage plus every unit admitted locally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_lost_across_three_instances() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let now_s = SystemClock.unix_micros() / 1_000_000;
@@ -220,6 +221,7 @@ fn hourly(name: &str, limit: u64) -> RuleSet {
 /// outage is denied by Redis afterwards: it does not get a second quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_used_locally_is_not_handed_out_again() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url())).await;
     let set = hourly("quota", 20);
@@ -258,6 +260,7 @@ async fn a_quota_used_locally_is_not_handed_out_again() {
 /// re-sent with the same id), and the drain completes after the next recovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_interrupted_by_a_second_outage_completes_exactly() {
+    let _serial = tierlimit_test::serial().await;
     const KEYS: u64 = 20_000;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url()).local(LocalConfig {
@@ -333,6 +336,7 @@ async fn a_drain_interrupted_by_a_second_outage_completes_exactly() {
 /// counted, not written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_entries_are_dropped_and_counted() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let limiter = healthy(builder(&server.url())).await;
     let short = RuleSet::new(
@@ -389,6 +393,7 @@ async fn expired_entries_are_dropped_and_counted() {
 /// nothing the switch does touches them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_keep_their_latency_during_a_large_drain() {
+    let _serial = tierlimit_test::serial().await;
     const ENTRIES: u64 = 100_000;
     const PHASE: Duration = Duration::from_secs(1);
     // After a switch, what the other phase left in flight settles first.

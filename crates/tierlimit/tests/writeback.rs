@@ -47,6 +47,7 @@ fn hourly(name: &str, limit: u64) -> RuleSet {
 /// three instances: the fleet's admissions over the hour stay within 60 + 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_gets_no_second_quota_while_the_drain_lags() {
+    let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 60;
     const INSTANCES: u64 = 3;
     let server = RedisServer::start();
@@ -206,6 +207,7 @@ async fn the_window_live_at_the_heal_stays_within_its_limit() {
 /// shutdown: Redis holds every unit, and the instance left the heartbeat set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_right_after_the_heal_writes_every_unit_back() {
+    let _serial = tierlimit_test::serial().await;
     const KEYS: u64 = 300;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
@@ -252,6 +254,7 @@ async fn shutdown_right_after_the_heal_writes_every_unit_back() {
 /// what it could not write back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_while_redis_is_down_reports_what_is_lost() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let limiter = builder(&proxy.url(), Instances::Fixed(1))
@@ -282,6 +285,7 @@ async fn shutdown_while_redis_is_down_reports_what_is_lost() {
 /// stays closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_entry_is_parked_and_the_rest_drains() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let limiter = builder(&proxy.url(), Instances::Fixed(1))
