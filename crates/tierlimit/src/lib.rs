@@ -120,3 +120,8 @@ pub use tierlimit_core::{
 };
 pub use tierlimit_local::LocalConfig;
 pub use view::{BreakerView, LedgerView, LocalView};
+
+/// The README's code, compiled with the doctests so it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
