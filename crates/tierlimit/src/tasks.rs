@@ -28,6 +28,10 @@ pub(crate) fn publish_gauges(inner: &Inner) {
     let ledger = inner.local.ledger();
     labels.gauge(metrics::LEDGER_ENTRIES, ledger.len() as f64);
     labels.gauge(metrics::LEDGER_UNITS, ledger.units() as f64);
+    let lag_us = ledger
+        .oldest_us()
+        .map_or(0, |oldest| inner.clock.unix_micros().saturating_sub(oldest));
+    labels.gauge(metrics::LEDGER_OLDEST, lag_us as f64 / 1e6);
 }
 
 /// Starts every background task of a limiter.

@@ -195,6 +195,10 @@ async fn every_metric_is_described_labelled_by_limiter_and_every_check_traced() 
     }
     a.check("user-2", &set, 1).await.expect("valid");
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Drain lag: what a owes Redis has waited about 300 ms (gauges are
+    // published every 20 ms here).
+    let lag = gauge(capture, "tierlimit_ledger_oldest_seconds", "a").unwrap_or(0.0);
+    assert!((0.2..5.0).contains(&lag), "drain lag {lag} s");
     proxy.set(Fault::None);
     assert!(a.wait_closed(Duration::from_secs(10)).await);
     // Two pruning rounds publish the gauges.
