@@ -6,9 +6,9 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use support::{DEADLINE, breaker, wait_for};
+use support::{DEADLINE, breaker, unix_ms, wait_for};
 use tierlimit::{
     Algorithm, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, Policy, RedisFailure,
     Rule, RuleSet, Tier,
@@ -238,12 +238,6 @@ async fn a_crash_loop_does_not_widen_local_shares() {
             LIMIT + INSTANCES
         );
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Regression (issue 9, item 16): FailOpen admitted with `remaining = 0` (as

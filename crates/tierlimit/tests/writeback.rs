@@ -6,10 +6,10 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::AsyncCommands;
-use support::{DEADLINE, breaker, drained, trip, wait_for};
+use support::{DEADLINE, breaker, drained, trip, unix_ms, wait_for};
 use tierlimit::{
     Algorithm, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, Policy,
     ReconcileConfig, Rule, RuleSet, Tier,
@@ -104,12 +104,6 @@ async fn a_hot_key_gets_no_second_quota_while_the_drain_lags() {
         fleet + after <= LIMIT + INSTANCES,
         "the fleet admitted {fleet} locally and {after} on Redis after the heal"
     );
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Regression (issue 9, item 6): rules under a minute were not reconciled, so

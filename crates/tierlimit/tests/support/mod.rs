@@ -111,6 +111,14 @@ impl Drop for StateLog {
     }
 }
 
+/// Wall-clock milliseconds since the Unix epoch: fixed windows are aligned to
+/// it, so tests count admissions per window with it.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Waits for a condition, polling each millisecond; false after `timeout`.
 pub async fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
