@@ -14,6 +14,21 @@ use tierlimit_local::{Ledger, LocalTier};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState};
 
 /// The circuit breaker, read only; see [`HybridLimiter::breaker`](crate::HybridLimiter::breaker).
+///
+/// Nothing here changes the breaker: before issue 9 a user call could open it
+/// or leave it half-open forever, which no longer compiles.
+///
+/// ```compile_fail
+/// # async fn f(limiter: tierlimit::HybridLimiter) {
+/// limiter.breaker().try_start_probe();
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # async fn f(limiter: tierlimit::HybridLimiter) {
+/// limiter.breaker().force_open();
+/// # }
+/// ```
 #[derive(Clone, Copy)]
 pub struct BreakerView<'a> {
     breaker: &'a Breaker,
@@ -58,6 +73,31 @@ impl fmt::Debug for BreakerView<'_> {
 }
 
 /// The local tier, read only; see [`HybridLimiter::local`](crate::HybridLimiter::local).
+///
+/// Nothing here writes: before issue 9 a user call could record fake ledger
+/// entries (written to Redis afterwards) or cache denials, which no longer
+/// compiles.
+///
+/// ```compile_fail
+/// # async fn f(limiter: tierlimit::HybridLimiter, set: tierlimit::RuleSet) {
+/// limiter.local().record("user-1", &set, 1_000);
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # async fn f(limiter: tierlimit::HybridLimiter) {
+/// limiter.local().ledger().ack(todo!());
+/// # }
+/// ```
+///
+/// What can be read:
+///
+/// ```no_run
+/// # async fn f(limiter: tierlimit::HybridLimiter) {
+/// let local = limiter.local();
+/// println!("{} buckets, {} units owed to Redis", local.len(), local.ledger().units());
+/// # }
+/// ```
 #[derive(Clone, Copy)]
 pub struct LocalView<'a> {
     local: &'a LocalTier,
