@@ -733,14 +733,9 @@ impl Inner {
             let retry = self
                 .breaker
                 .time_until_probe()
-                .unwrap_or(self.breaker.current_cool_down());
-            Decision::denied(
-                limit,
-                retry,
-                retry.max(Duration::from_millis(1)),
-                0,
-                Tier::FailClosed,
-            )
+                .unwrap_or(self.breaker.current_cool_down())
+                .max(Duration::from_millis(1));
+            Decision::denied(limit, retry, retry, 0, Tier::FailClosed)
         }
     }
 }

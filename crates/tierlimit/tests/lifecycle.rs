@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{DEADLINE, breaker, unix_ms, wait_for};
+use support::{DEADLINE, unix_ms, wait_for};
 use tierlimit::{
     Algorithm, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, Policy, RedisFailure,
     Rule, RuleSet, Tier,
@@ -18,17 +18,11 @@ use tierlimit_test::{FaultProxy, RedisServer};
 /// A builder like production's: learned instance count (unknown until the
 /// first heartbeat), short cool-downs so the tests recover fast.
 fn production(url: &str) -> HybridLimiterBuilder {
-    HybridLimiter::builder()
-        .redis_url(url)
-        .deadline(DEADLINE)
-        .breaker(breaker())
-        .heartbeat_every(Duration::from_millis(100))
+    support::builder(url).instances(Instances::Learned { assume: None })
 }
 
 fn hourly(limit: u64) -> RuleSet {
-    RuleSet::new("start", [Rule::per_hour(limit).expect("valid")])
-        .expect("valid")
-        .with_policy(Policy::LocalFallback)
+    support::hourly("start", limit)
 }
 
 /// Regression (issue 9, item 2): `build()` forced the breaker Open and assumed

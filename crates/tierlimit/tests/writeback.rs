@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use support::{DEADLINE, breaker, drained, trip, unix_ms, wait_for};
+use support::{drained, hourly, trip, unix_ms, wait_for};
 use tierlimit::{
     Algorithm, BreakerState, HybridLimiter, HybridLimiterBuilder, Instances, Policy,
     ReconcileConfig, Rule, RuleSet, Tier,
@@ -17,12 +17,7 @@ use tierlimit::{
 use tierlimit_test::{Fault, FaultProxy, RedisServer};
 
 fn builder(url: &str, instances: Instances) -> HybridLimiterBuilder {
-    HybridLimiter::builder()
-        .redis_url(url)
-        .deadline(DEADLINE)
-        .breaker(breaker())
-        .instances(instances)
-        .heartbeat_every(Duration::from_millis(100))
+    support::builder(url).instances(instances)
 }
 
 /// The rule set that trips the breaker; its own checks are not counted here.
@@ -30,12 +25,6 @@ fn trip_set() -> RuleSet {
     RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")])
         .expect("valid")
         .with_reconcile(false)
-}
-
-fn hourly(name: &str, limit: u64) -> RuleSet {
-    RuleSet::new(name, [Rule::per_hour(limit).expect("valid")])
-        .expect("valid")
-        .with_policy(Policy::LocalFallback)
 }
 
 /// Regression (issue 9, item 4): after recovery, checks went to Redis at once

@@ -19,7 +19,8 @@ pub fn breaker() -> BreakerConfig {
     b
 }
 
-/// A builder with the test defaults (deadline 50 ms, short cool-downs, fixed 1 instance).
+/// A builder with the test defaults (deadline 50 ms, short cool-downs, fixed 1
+/// instance); set `.instances(..)` for another count.
 pub fn builder(url: &str) -> HybridLimiterBuilder {
     HybridLimiter::builder()
         .redis_url(url)
@@ -117,6 +118,13 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A rule set of `limit` per hour, answered locally during an outage.
+pub fn hourly(name: &str, limit: u64) -> RuleSet {
+    RuleSet::new(name, [tierlimit::Rule::per_hour(limit).expect("valid")])
+        .expect("valid")
+        .with_policy(tierlimit::Policy::LocalFallback)
 }
 
 /// Waits for a condition, polling each millisecond; false after `timeout`.
