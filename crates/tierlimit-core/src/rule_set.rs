@@ -41,6 +41,8 @@ struct Inner {
     suffixes: Vec<String>,
     /// The suffixes joined: the name and every rule id, in order.
     identity: String,
+    /// A hash of `identity`, the same in every process of a build.
+    identity_hash: u64,
     policy: Option<Policy>,
     reconcile: Option<bool>,
 }
@@ -88,9 +90,11 @@ impl RuleSet {
             .iter()
             .map(|r| format!(":{name}:{}", r.id()))
             .collect();
+        let identity = suffixes.concat();
         Ok(RuleSet {
             inner: Arc::new(Inner {
-                identity: suffixes.concat(),
+                identity_hash: hash_identity(&identity),
+                identity,
                 name,
                 rules,
                 suffixes,
@@ -124,6 +128,7 @@ impl RuleSet {
             rules: shared.rules.clone(),
             suffixes: shared.suffixes.clone(),
             identity: shared.identity.clone(),
+            identity_hash: shared.identity_hash,
             policy: shared.policy,
             reconcile: shared.reconcile,
         });
@@ -151,6 +156,20 @@ impl RuleSet {
     /// rule keep counting under the old key until they are replaced.
     pub fn identity(&self) -> &str {
         &self.inner.identity
+    }
+
+    /// A hash of [`identity`](Self::identity), computed once: maps keyed by
+    /// identity hash this rather than the whole string on every lookup.
+    pub fn identity_hash(&self) -> u64 {
+        self.inner.identity_hash
+    }
+
+    /// True when both sets have the same [`identity`](Self::identity) (clones
+    /// of one set answer without comparing strings).
+    pub fn same_identity(&self, other: &RuleSet) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.inner.identity_hash == other.inner.identity_hash
+                && self.inner.identity == other.inner.identity)
     }
 
     /// The rules, in the order they were given (decisions name rules by index).
@@ -206,6 +225,15 @@ impl RuleSet {
         key.push_str(suffix);
         key
     }
+}
+
+fn hash_identity(identity: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    // `DefaultHasher::new()` has fixed keys: the same identity hashes the same
+    // in every process of one build.
+    let mut h = DefaultHasher::new();
+    identity.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]

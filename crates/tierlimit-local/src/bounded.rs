@@ -6,11 +6,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use dashmap::mapref::one::RefMut;
+use dashmap::mapref::one::{Ref, RefMut};
 
 /// What a key costs in memory beyond the map's own slot: its heap bytes.
 pub(crate) trait KeyBytes {
     fn key_bytes(&self) -> usize;
+}
+
+/// What a value costs in memory beyond the map's own slot: its heap bytes,
+/// which must not change while it is in the map.
+pub(crate) trait ValueBytes {
+    fn value_bytes(&self) -> usize {
+        0
+    }
 }
 
 impl KeyBytes for String {
@@ -30,9 +38,8 @@ impl KeyBytes for (String, u64) {
 /// old entry evicted (evicting would let a key sprayer reset real clients'
 /// state).
 ///
-/// Each entry is charged its key's heap bytes plus `overhead`: the map's slot
-/// (key and value, with DashMap's spare capacity) and the most heap its value
-/// can hold. Keys are what vary: up to 1,536 bytes once escaped, so a bound on
+/// Each entry is charged its key's and its value's heap bytes plus the map's
+/// slot (key and value, with DashMap's spare capacity). Keys are what vary: up to 1,536 bytes once escaped, so a bound on
 /// entries alone let 200,000 long keys take 321 MB (measured for issue 9).
 ///
 /// The counts are kept beside the map so the bounds hold exactly under
@@ -47,23 +54,23 @@ pub(crate) struct BoundedMap<K: Eq + Hash, V> {
     overhead: usize,
 }
 
-impl<K: Eq + Hash + Clone + KeyBytes, V> BoundedMap<K, V> {
+impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
     /// A map of at most `max` entries and `max_bytes`, each entry charged its
-    /// key's bytes plus its slot, twice over for the map's spare capacity, plus
-    /// `value_heap` (the most heap one value holds).
-    pub(crate) fn new(max: usize, max_bytes: usize, value_heap: usize) -> Self {
+    /// key's and value's heap bytes plus its slot, twice over for the map's
+    /// spare capacity.
+    pub(crate) fn new(max: usize, max_bytes: usize) -> Self {
         BoundedMap {
             map: DashMap::new(),
             len: AtomicUsize::new(0),
             max,
             bytes: AtomicUsize::new(0),
             max_bytes,
-            overhead: 2 * std::mem::size_of::<(K, V)>() + value_heap,
+            overhead: 2 * std::mem::size_of::<(K, V)>(),
         }
     }
 
-    fn charge(&self, key: &K) -> usize {
-        key.key_bytes() + self.overhead
+    fn charge(&self, key: &K, value: &V) -> usize {
+        key.key_bytes() + value.value_bytes() + self.overhead
     }
 
     /// Bytes charged to the entries held.
@@ -92,16 +99,43 @@ impl<K: Eq + Hash + Clone + KeyBytes, V> BoundedMap<K, V> {
                     self.len.fetch_sub(1, Ordering::AcqRel);
                     return None;
                 }
-                let charge = self.charge(v.key());
+                let value = make(v.key());
+                let charge = self.charge(v.key(), &value);
                 if self.bytes.fetch_add(charge, Ordering::AcqRel) + charge > self.max_bytes {
                     self.bytes.fetch_sub(charge, Ordering::AcqRel);
                     self.len.fetch_sub(1, Ordering::AcqRel);
                     return None;
                 }
-                let value = make(v.key());
                 Some(v.insert(value))
             }
         }
+    }
+
+    /// As [`get_or_try_insert`](Self::get_or_try_insert), looking `probe` up
+    /// first: the owned key is built (`make_key`) only when it is absent.
+    pub(crate) fn get_or_try_insert_with<Q>(
+        &self,
+        probe: &Q,
+        make_key: impl FnOnce() -> K,
+        make: impl FnOnce(&K) -> V,
+    ) -> Option<RefMut<'_, K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.map.get_mut(probe) {
+            Some(found) => Some(found),
+            None => self.get_or_try_insert(make_key(), make),
+        }
+    }
+
+    /// A shared guard on `key`'s entry (other readers may hold it too).
+    pub(crate) fn get<Q>(&self, key: &Q) -> Option<Ref<'_, K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get(key)
     }
 
     pub(crate) fn get_mut<Q>(&self, key: &Q) -> Option<RefMut<'_, K, V>>
@@ -119,9 +153,9 @@ impl<K: Eq + Hash + Clone + KeyBytes, V> BoundedMap<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let removed = self.map.remove_if(key, |_, v| pred(v));
-        if let Some((k, _)) = &removed {
+        if let Some((k, v)) = &removed {
             self.len.fetch_sub(1, Ordering::AcqRel);
-            self.bytes.fetch_sub(self.charge(k), Ordering::AcqRel);
+            self.bytes.fetch_sub(self.charge(k, v), Ordering::AcqRel);
         }
         removed.map(|(_, v)| v)
     }
@@ -132,11 +166,16 @@ impl<K: Eq + Hash + Clone + KeyBytes, V> BoundedMap<K, V> {
             let kept = keep(k, v);
             if !kept {
                 self.len.fetch_sub(1, Ordering::AcqRel);
-                self.bytes.fetch_sub(self.charge(k), Ordering::AcqRel);
+                self.bytes.fetch_sub(self.charge(k, v), Ordering::AcqRel);
             }
             kept
         });
         self.map.shrink_to_fit();
+    }
+
+    /// Visits every entry under a shared guard (one shard at a time).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        self.map.iter().for_each(|e| f(e.key(), e.value()));
     }
 
     /// Folds over every entry (one shard locked at a time).

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tierlimit_core::{LedgerEntry, Rule, window_index};
 
-use crate::bounded::BoundedMap;
+use crate::bounded::{BoundedMap, ValueBytes};
 
 #[derive(Debug, Clone)]
 struct Units {
@@ -16,6 +16,8 @@ struct Units {
     /// The write-back under way, if any: sent (or about to be) under `id`.
     sending: Option<Sending>,
 }
+
+impl ValueBytes for Units {}
 
 #[derive(Debug, Clone, Copy)]
 struct Sending {
@@ -72,7 +74,7 @@ impl Ledger {
     /// (each entry charged its key's bytes and its slot).
     pub fn new(max_entries: usize, max_bytes: usize) -> Self {
         Ledger {
-            entries: BoundedMap::new(max_entries, max_bytes, 0),
+            entries: BoundedMap::new(max_entries, max_bytes),
             units: AtomicU64::new(0),
             overflow_units: AtomicU64::new(0),
             expired_units: AtomicU64::new(0),
@@ -82,14 +84,27 @@ impl Ledger {
 
     /// Records `units` admitted locally for `storage_key` under `rule` at `now_us`.
     pub fn record(&self, storage_key: String, rule: &Rule, units: u64, now_us: u64) {
-        let window = window_index(rule, now_us);
+        self.record_span(storage_key, rule, units, now_us, now_us);
+    }
+
+    /// Records `units` admitted locally for `storage_key` under `rule` between
+    /// `first_us` and `last_us` (one window: the window is `last_us`'s).
+    pub fn record_span(
+        &self,
+        storage_key: String,
+        rule: &Rule,
+        units: u64,
+        first_us: u64,
+        last_us: u64,
+    ) {
+        let window = window_index(rule, last_us);
         let entry = self
             .entries
             .get_or_try_insert((storage_key, window), |_| Units {
                 rule: rule.clone(),
                 units: 0,
-                first_us: now_us,
-                last_us: now_us,
+                first_us,
+                last_us,
                 sending: None,
             });
         let overflow = match entry {
@@ -97,8 +112,8 @@ impl Ledger {
                 let added = units.min(u64::MAX - e.units);
                 e.units += added;
                 self.units.fetch_add(added, Ordering::Relaxed);
-                e.first_us = e.first_us.min(now_us);
-                e.last_us = e.last_us.max(now_us);
+                e.first_us = e.first_us.min(first_us);
+                e.last_us = e.last_us.max(last_us);
                 units - added
             }
             None => units,

@@ -13,11 +13,25 @@
 //! Every map is bounded ([`LocalConfig`]) and pruned ([`LocalTier::prune`]).
 //! This crate knows nothing of Redis; the facade (`tierlimit`) joins the tiers.
 //!
-//! The buckets are a small GCRA / window map on DashMap rather than governor's
-//! keyed limiters: a rule set must be checked all or nothing across its rules
-//! (governor has one quota per limiter and no undo), a bucket must start from a
-//! remaining value Redis reported (governor cannot set state), and one bound must
-//! hold over every key.
+//! # Which rule runs on what
+//!
+//! | rule | local engine ([`Engine`]) |
+//! |---|---|
+//! | GCRA, token bucket | governor's GCRA ([`Engine::Governor`]) |
+//! | GCRA beyond governor (share burst > `u32::MAX`, interval < 1 µs) | this crate's exact GCRA ([`Engine::Gcra`]) |
+//! | fixed and calendar windows | a window counter aligned like Redis' ([`Engine::Window`]) |
+//! | sliding log, sliding window counter | a two-window estimate ([`Engine::Window`]) |
+//!
+//! Buckets live in one bounded DashMap keyed by (rule set identity, key): one
+//! lookup per check, no allocation for a key that already has a bucket. For a
+//! governor rule the bucket holds governor's state, an atomic theoretical
+//! arrival time, and a governor keyed limiter per rule set holds the quota:
+//! its state store is the cell itself. That is how a bucket starts warm (the
+//! seed is written into the cell), how several rules are all or nothing (the
+//! cells a later denial leaves charged are put back, under the bucket's lock)
+//! and how one bound holds over every key (the map is ours). The window
+//! algorithms keep their own counter: governor has no windows aligned to the
+//! clock, and the sliding log's exactness would cost a timestamp per unit.
 //!
 //! # Examples
 //!
@@ -40,9 +54,12 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod bounded;
+mod engine;
+mod key;
 mod ledger;
 mod slot;
 mod tier;
 
+pub use engine::Engine;
 pub use ledger::{Claim, Ledger};
 pub use tier::{DENIAL_SPREAD, LocalAnswer, LocalConfig, LocalTier};

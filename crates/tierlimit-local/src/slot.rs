@@ -49,8 +49,6 @@ pub(crate) struct Eval {
     pub(crate) remaining: u64,
     pub(crate) reset_after_us: u64,
     pub(crate) retry_after_us: u64,
-    /// The state to store if every rule of the set admits.
-    pub(crate) next: Slot,
 }
 
 impl Eval {
@@ -60,7 +58,6 @@ impl Eval {
         remaining: 0,
         reset_after_us: 0,
         retry_after_us: 0,
-        next: Slot::Tat(0),
     };
 }
 
@@ -84,6 +81,12 @@ fn local_window_index(rule: &Rule, now: u64) -> u64 {
     }
 }
 
+/// What a share has used when Redis reported `remaining` for the whole rule:
+/// each of `instances` instances takes `ceil(remaining / instances)` of it.
+pub(crate) fn used_at_seed(share: Share, remaining: u64, instances: u64) -> u64 {
+    share.capacity - remaining.div_ceil(instances.max(1)).min(share.capacity)
+}
+
 /// A slot for a key never seen locally, seeded from the `remaining` Redis last
 /// reported at `seen_at` (µs), scaled to the share, or full when nothing is known.
 pub(crate) fn fresh(
@@ -98,7 +101,7 @@ pub(crate) fn fresh(
         let Some((remaining, seen_at)) = seed else {
             return Slot::Tat(0);
         };
-        let used = share.capacity - local_remaining(remaining, share.capacity);
+        let used = used_at_seed(share, remaining, instances);
         // Refill since `seen_at` accrues through the usual max(tat, now).
         Slot::Tat(
             u128::from(seen_at) * u128::from(share.limit)
@@ -120,8 +123,9 @@ pub(crate) fn fresh(
     }
 }
 
-/// Evaluates a request of `cost` against one rule's slot at `now` (µs).
-pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u64) -> Eval {
+/// Evaluates a request of `cost` against one rule's slot at `now` (µs); also
+/// returns the state to store if every rule of the set admits.
+pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u64) -> (Eval, Slot) {
     let period = rule.period_micros();
     match slot {
         Slot::Tat(stored) => {
@@ -135,21 +139,21 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             let ahead = new_tat - now_s;
             let to_us = |scaled: u128| u64::try_from(scaled.div_ceil(l)).unwrap_or(u64::MAX);
             if ahead <= tau {
-                Eval {
+                let eval = Eval {
                     ok: true,
                     remaining: u64::try_from((tau - ahead) / t).unwrap_or(u64::MAX),
                     reset_after_us: to_us(ahead),
                     retry_after_us: 0,
-                    next: Slot::Tat(new_tat),
-                }
+                };
+                (eval, Slot::Tat(new_tat))
             } else {
-                Eval {
+                let eval = Eval {
                     ok: false,
                     remaining: 0,
                     reset_after_us: to_us(tat - now_s),
                     retry_after_us: to_us(ahead - tau),
-                    next: slot,
-                }
+                };
+                (eval, slot)
             }
         }
         Slot::Window {
@@ -172,34 +176,34 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             };
             if rule.algorithm() == Algorithm::FixedWindow {
                 return if current + cost <= share.limit {
-                    Eval {
+                    let eval = Eval {
                         ok: true,
                         remaining: share.limit - current - cost,
                         reset_after_us: to_end,
                         retry_after_us: 0,
-                        next: next(current + cost),
-                    }
+                    };
+                    (eval, next(current + cost))
                 } else {
-                    Eval {
+                    let eval = Eval {
                         ok: false,
                         remaining: 0,
                         reset_after_us: to_end,
                         retry_after_us: to_end,
-                        next: next(current),
-                    }
+                    };
+                    (eval, next(current))
                 };
             }
             let elapsed = (now - start) as f64 / period as f64;
             let estimate = previous as f64 * (1.0 - elapsed) + current as f64;
             let limit = share.limit as f64;
             if estimate + cost as f64 <= limit {
-                Eval {
+                let eval = Eval {
                     ok: true,
                     remaining: (limit - estimate - cost as f64).floor().max(0.0) as u64,
                     reset_after_us: to_end + period,
                     retry_after_us: 0,
-                    next: next(current + cost),
-                }
+                };
+                (eval, next(current + cost))
             } else {
                 // Find the fraction of a window at which the estimate has decayed
                 // enough: this window if the current count leaves room, else the next.
@@ -215,13 +219,13 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
                     };
                     to_end + (f * period as f64).ceil() as u64
                 };
-                Eval {
+                let eval = Eval {
                     ok: false,
                     remaining: 0,
                     reset_after_us: to_end + period,
                     retry_after_us: wait.max(1),
-                    next: next(current),
-                }
+                };
+                (eval, next(current))
             }
         }
     }
@@ -255,9 +259,9 @@ mod tests {
         let mut admitted = 0;
         let mut now = start;
         while now < start + span {
-            let e = evaluate(rule, share, slot, now, 1);
+            let (e, next) = evaluate(rule, share, slot, now, 1);
             if e.ok {
-                slot = e.next;
+                slot = next;
                 admitted += 1;
             }
             now += step;
@@ -290,10 +294,10 @@ mod tests {
         let mut slot = fresh(&rule, share, now, Some((10, now)), 1);
         let mut admitted = 0;
         for _ in 0..100 {
-            let e = evaluate(&rule, share, slot, now, 1);
+            let (e, next) = evaluate(&rule, share, slot, now, 1);
             if e.ok {
                 admitted += 1;
-                slot = e.next;
+                slot = next;
             }
         }
         assert_eq!(admitted, 10);
@@ -308,14 +312,14 @@ mod tests {
         let mut now = 10 * S + S / 2;
         let mut slot = fresh(&rule, share, now, None, 1);
         for _ in 0..5 {
-            let e = evaluate(&rule, share, slot, now, 1);
+            let (e, next) = evaluate(&rule, share, slot, now, 1);
             assert!(e.ok);
-            slot = e.next;
+            slot = next;
         }
-        let denied = evaluate(&rule, share, slot, now, 1);
+        let (denied, _) = evaluate(&rule, share, slot, now, 1);
         assert!(!denied.ok);
         now += denied.retry_after_us;
-        assert!(evaluate(&rule, share, slot, now, 1).ok);
-        assert!(!evaluate(&rule, share, slot, now - 1_000, 1).ok);
+        assert!(evaluate(&rule, share, slot, now, 1).0.ok);
+        assert!(!evaluate(&rule, share, slot, now - 1_000, 1).0.ok);
     }
 }

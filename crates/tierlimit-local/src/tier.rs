@@ -1,13 +1,16 @@
 //! The local tier: buckets, denial cache, warm-start memory and ledger together.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tierlimit_core::{Clock, Decision, Error, MAX_RULES, Result, RuleSet, Tier};
+use dashmap::DashMap;
+use tierlimit_core::{Clock, Decision, Error, MAX_RULES, Result, RuleSet, Tier, window_index};
 
-use crate::bounded::BoundedMap;
-use crate::slot::{self, Share, Slot};
+use crate::bounded::{BoundedMap, ValueBytes};
+use crate::engine::{RuleEngine, Tat, governor_check};
+use crate::key::{LocalKey, Lookup, Probe};
+use crate::slot::{self, Eval, Share, Slot};
 use crate::{Claim, Ledger};
 
 /// Bounds of the local tier. Every map is bounded; see each field for what
@@ -104,15 +107,165 @@ pub enum LocalAnswer {
     Full,
 }
 
+/// One rule's state for one key: a governor cell or this crate's slot,
+/// whichever its [`RuleEngine`] decides with.
+#[derive(Debug)]
+enum State {
+    Governor(Tat),
+    Own(Slot),
+}
+
+/// What one rule of a bucket admitted locally and Redis has not been told of:
+/// counted in place, so a check touches one map; moved into the [`Ledger`]
+/// (keyed by Redis key) by [`LocalTier::ledger`] and before a key's next
+/// Redis call. Units are exact; under a concurrent move the first and last
+/// times may be off by that move.
+#[derive(Debug)]
+struct Owed {
+    units: AtomicU64,
+    first_us: AtomicU64,
+    last_us: AtomicU64,
+    /// The window the units belong to (window rules; 0 otherwise).
+    window: AtomicU64,
+}
+
+impl Owed {
+    fn new() -> Self {
+        Owed {
+            units: AtomicU64::new(0),
+            first_us: AtomicU64::new(u64::MAX),
+            last_us: AtomicU64::new(0),
+            window: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, units: u64, now_us: u64) {
+        self.units.fetch_add(units, Ordering::AcqRel);
+        if self.first_us.load(Ordering::Relaxed) > now_us {
+            self.first_us.fetch_min(now_us, Ordering::Relaxed);
+        }
+        if self.last_us.load(Ordering::Relaxed) < now_us {
+            self.last_us.fetch_max(now_us, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes everything owed: (units, first, last, window).
+    fn take(&self) -> Option<(u64, u64, u64, u64)> {
+        if self.units.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let units = self.units.swap(0, Ordering::AcqRel);
+        let first = self.first_us.swap(u64::MAX, Ordering::Relaxed);
+        let last = self.last_us.swap(0, Ordering::Relaxed);
+        let first = if first == u64::MAX { last } else { first };
+        (units > 0).then(|| (units, first, last.max(first), self.window.load(Ordering::Relaxed)))
+    }
+}
+
+#[derive(Debug)]
+struct RuleState {
+    state: State,
+    owed: Owed,
+}
+
+/// The engines of one rule set for one instance count, shared by its buckets.
+#[derive(Debug)]
+struct SetEngine {
+    set: RuleSet,
+    instances: u64,
+    rules: Box<[RuleEngine]>,
+    /// One rule, on governor: checked under a shared guard (governor's
+    /// compare-and-swap is the whole check).
+    lock_free: bool,
+}
+
 #[derive(Debug)]
 struct Bucket {
-    /// The rule set the slots were made for (its identity is the map key).
-    set: RuleSet,
-    /// The instance count and outage the slots were made for: a new count or a
-    /// new outage starts the key afresh, from its warm seed.
-    instances: u64,
+    /// What the states were made for; `None` for a key that only owes units
+    /// (admitted by FailOpen) and has no bucket yet.
+    engine: Option<Arc<SetEngine>>,
+    /// The outage the states were made for: a new outage, like a new
+    /// instance count, starts the key afresh from its warm seed.
     outage: u64,
-    slots: Vec<Slot>,
+    rules: Box<[RuleState]>,
+}
+
+impl ValueBytes for Bucket {
+    fn value_bytes(&self) -> usize {
+        self.rules.len() * std::mem::size_of::<RuleState>()
+    }
+}
+
+impl Bucket {
+    /// The engine, when the states are this outage's and this instance count's.
+    fn current(&self, instances: u64, outage: u64) -> Option<&Arc<SetEngine>> {
+        self.engine
+            .as_ref()
+            .filter(|e| e.instances == instances && self.outage == outage)
+    }
+
+    /// True when every rule is back to full and nothing is owed.
+    fn is_idle(&self, set: &RuleSet, now_us: u64) -> bool {
+        let owes = self.rules.iter().any(|r| r.owed.units.load(Ordering::Acquire) > 0);
+        let Some(engine) = &self.engine else {
+            return !owes;
+        };
+        !owes
+            && set
+                .rules()
+                .iter()
+                .zip(engine.rules.iter())
+                .zip(self.rules.iter())
+                .all(|((rule, e), r)| match (&r.state, e) {
+                    (State::Governor(tat), _) => tat.get() <= now_us.saturating_mul(1_000),
+                    (State::Own(s), RuleEngine::Own(share)) => slot::is_idle(rule, *share, *s, now_us),
+                    (State::Own(_), _) => true,
+                })
+    }
+}
+
+/// Checks `cost` against every rule of a bucket it holds exclusively, all or
+/// nothing: governor cells a later rule's denial leaves charged are put back,
+/// own slots are written only when every rule admits. Fills `evals`.
+fn check_exclusive(
+    engine: &SetEngine,
+    rules: &mut [RuleState],
+    now_us: u64,
+    cost: u64,
+    evals: &mut [Eval; MAX_RULES],
+) -> bool {
+    let mut before = [0u64; MAX_RULES];
+    let mut next = [None; MAX_RULES];
+    let set_rules = engine.set.rules();
+    for (i, (e, r)) in engine.rules.iter().zip(rules.iter()).enumerate() {
+        evals[i] = match (e, &r.state) {
+            (RuleEngine::Governor { limiter, t_ns, burst_ns }, State::Governor(tat)) => {
+                before[i] = tat.get();
+                governor_check(limiter, *t_ns, *burst_ns, tat, now_us, cost)
+            }
+            (RuleEngine::Own(share), State::Own(s)) => {
+                let (eval, n) = slot::evaluate(&set_rules[i], *share, *s, now_us, cost);
+                next[i] = Some(n);
+                eval
+            }
+            // States are made from their engine; a mismatch cannot admit.
+            _ => Eval::EMPTY,
+        };
+    }
+    let n = rules.len();
+    let allowed = evals[..n].iter().all(|e| e.ok);
+    for (i, r) in rules.iter_mut().enumerate() {
+        match &mut r.state {
+            State::Governor(tat) if !allowed && evals[i].ok => tat.set(before[i]),
+            State::Own(s) if allowed => {
+                if let Some(n) = next[i] {
+                    *s = n;
+                }
+            }
+            _ => {}
+        }
+    }
+    allowed
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -125,6 +278,8 @@ struct Denial {
     cost: u64,
     decision: Decision,
 }
+
+impl ValueBytes for Denial {}
 
 /// Cached denials that would expire in a crowded millisecond expire early
 /// instead, by a random share of their retry-after up to this one: denials
@@ -148,7 +303,14 @@ const COUNT_BITS: u32 = 20;
 struct Warm {
     seen_at_us: u64,
     expires_us: u64,
-    remaining: Vec<u64>,
+    /// Per rule; its length never changes (a key's identity fixes its rules).
+    remaining: Box<[u64]>,
+}
+
+impl ValueBytes for Warm {
+    fn value_bytes(&self) -> usize {
+        self.remaining.len() * std::mem::size_of::<u64>()
+    }
 }
 
 /// The per-process tier used while Redis cannot be asked, plus the memory it
@@ -156,7 +318,9 @@ struct Warm {
 ///
 /// Buckets are sized to this instance's share of each rule: `ceil(limit /
 /// instances)` (at least 1), so `instances` limiters together admit about the
-/// global limit. A rule set is checked all or nothing, as in Redis.
+/// global limit. A rule set is checked all or nothing, as in Redis. Which
+/// engine decides each rule is [`Engine::of`](crate::Engine::of): governor for GCRA and token
+/// buckets.
 ///
 /// # Examples
 ///
@@ -178,10 +342,14 @@ struct Warm {
 #[derive(Debug)]
 pub struct LocalTier {
     clock: Arc<dyn Clock>,
-    buckets: BoundedMap<String, Bucket>,
-    denials: BoundedMap<String, Denial>,
-    warm: BoundedMap<String, Warm>,
+    buckets: BoundedMap<LocalKey, Bucket>,
+    denials: BoundedMap<LocalKey, Denial>,
+    warm: BoundedMap<LocalKey, Warm>,
+    /// Engines by (identity hash, instance count), shared by their buckets.
+    engines: DashMap<(u64, u64), Arc<SetEngine>>,
     ledger: Ledger,
+    /// Some bucket may owe units the ledger does not hold yet.
+    owing: AtomicBool,
     refused: AtomicU64,
     /// Which outage buckets belong to; see [`LocalTier::end_outage`].
     outage: AtomicU64,
@@ -190,20 +358,6 @@ pub struct LocalTier {
     /// How many cached denials expire in each recent millisecond, as
     /// `ms << COUNT_BITS | count`, to tell a crowd from a lone key.
     expiries: [AtomicU64; EXPIRY_RING],
-}
-
-/// Local state is keyed like Redis state: by the rule set's identity (its
-/// name and rule ids), so two sets that share a name but not their rules (or
-/// a rule edited during a rolling deploy) never reset each other's buckets or
-/// apply each other's denials.
-fn map_key(set: &RuleSet, escaped_key: &str) -> String {
-    // Neither identities nor keys hold control characters, so this is unambiguous.
-    let identity = set.identity();
-    let mut k = String::with_capacity(identity.len() + 1 + escaped_key.len());
-    k.push_str(identity);
-    k.push('\u{1f}');
-    k.push_str(escaped_key);
-    k
 }
 
 fn us(d: u64) -> Duration {
@@ -216,18 +370,12 @@ impl LocalTier {
         config.validate()?;
         Ok(LocalTier {
             clock,
-            buckets: BoundedMap::new(
-                config.max_keys,
-                config.max_bytes / 8 * 3,
-                MAX_RULES * std::mem::size_of::<Slot>(),
-            ),
-            denials: BoundedMap::new(config.max_denials, config.max_bytes / 8, 0),
-            warm: BoundedMap::new(
-                config.max_warm_keys,
-                config.max_bytes / 8,
-                MAX_RULES * std::mem::size_of::<u64>(),
-            ),
+            buckets: BoundedMap::new(config.max_keys, config.max_bytes / 8 * 3),
+            denials: BoundedMap::new(config.max_denials, config.max_bytes / 8),
+            warm: BoundedMap::new(config.max_warm_keys, config.max_bytes / 8),
+            engines: DashMap::new(),
             ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
+            owing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
             settle_until_us: AtomicU64::new(0),
@@ -284,31 +432,76 @@ impl LocalTier {
             return None;
         }
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
-        let mut bucket = self.buckets.get_mut(map_key(set, escaped_key).as_str())?;
-        if bucket.outage != ended {
-            return None;
-        }
-        let instances = bucket.instances;
-        let evals: Vec<slot::Eval> = set
-            .rules()
-            .iter()
-            .zip(&bucket.slots)
-            .map(|(r, slot)| slot::evaluate(r, Share::of(r, instances), *slot, now, cost))
-            .collect();
-        let allowed = evals.iter().all(|e| e.ok);
-        if allowed {
-            for (slot, e) in bucket.slots.iter_mut().zip(&evals) {
-                *slot = e.next;
-            }
+        let probe = Probe { set, key: escaped_key };
+        let mut bucket = self.buckets.get_mut(&probe as &dyn Lookup)?;
+        let engine = bucket.current(bucket.engine.as_ref()?.instances, ended)?.clone();
+        let mut evals = [Eval::EMPTY; MAX_RULES];
+        if check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals) {
             return None;
         }
         drop(bucket);
-        Some(decide(set, &evals, false))
+        Some(decide(set, &evals[..set.rules().len()], false))
+    }
+
+    /// The engines of `set` for `instances`, shared by every bucket of theirs.
+    fn engine(&self, set: &RuleSet, instances: u64) -> Arc<SetEngine> {
+        let make = || {
+            let rules: Box<[RuleEngine]> = set
+                .rules()
+                .iter()
+                .map(|r| RuleEngine::new(r, instances))
+                .collect();
+            let lock_free = matches!(&*rules, [RuleEngine::Governor { .. }]);
+            Arc::new(SetEngine {
+                set: set.clone(),
+                instances,
+                rules,
+                lock_free,
+            })
+        };
+        let slot = (set.identity_hash(), instances);
+        if let Some(e) = self.engines.get(&slot) {
+            if e.set.same_identity(set) {
+                return e.clone();
+            }
+            // Two identities with one hash: the second goes uncached.
+            return make();
+        }
+        self.engines.entry(slot).or_insert_with(make).clone()
+    }
+
+    /// Fresh states for a key, from its warm seed when Redis reported one.
+    fn fresh_states(&self, key: &LocalKey, engine: &SetEngine, now: u64) -> Vec<State> {
+        let set = key.set();
+        let seeds = self.warm_seeds(key, set.rules().len(), now);
+        set.rules()
+            .iter()
+            .zip(engine.rules.iter())
+            .enumerate()
+            .map(|(i, (rule, e))| {
+                let seed = seeds.as_ref().map(|(at, rem)| (rem[i], *at));
+                let share = Share::of(rule, engine.instances);
+                match e {
+                    RuleEngine::Governor { t_ns, .. } => State::Governor(Tat::new(
+                        seed.map_or(0, |(remaining, seen_at)| {
+                            let used = slot::used_at_seed(share, remaining, engine.instances);
+                            seen_at
+                                .saturating_mul(1_000)
+                                .saturating_add(used.saturating_mul(*t_ns))
+                        }),
+                    )),
+                    RuleEngine::Own(share) => {
+                        State::Own(slot::fresh(rule, *share, now, seed, engine.instances))
+                    }
+                }
+            })
+            .collect()
     }
 
     /// Checks `cost` units for `escaped_key` against this instance's share of
     /// every rule of `set`, all or nothing. When `record` is true, what is
-    /// admitted is written to the outage ledger for the rules the set reconciles.
+    /// admitted is owed to Redis (see [`ledger`](Self::ledger)) for the rules
+    /// the set reconciles.
     ///
     /// Key and cost must already be validated (the facade does it first).
     pub fn check(
@@ -321,73 +514,122 @@ impl LocalTier {
     ) -> LocalAnswer {
         let now = self.clock.unix_micros();
         let outage = self.outage.load(Ordering::Relaxed);
-        let key = map_key(set, escaped_key);
-        let shares: Vec<Share> = set
-            .rules()
-            .iter()
-            .map(|r| Share::of(r, instances))
-            .collect();
-        let fresh_slots = |key: &String| {
-            let seeds = self.warm_seeds(key, set.rules().len(), now);
-            Bucket {
-                set: set.clone(),
-                instances,
-                outage,
-                slots: set
-                    .rules()
-                    .iter()
-                    .zip(&shares)
-                    .enumerate()
-                    .map(|(i, (r, s))| {
-                        slot::fresh(
-                            r,
-                            *s,
-                            now,
-                            seeds.as_ref().map(|(at, rem)| (rem[i], *at)),
-                            instances,
-                        )
-                    })
-                    .collect(),
+        let probe = Probe { set, key: escaped_key };
+        // A known key of a one-rule governor set: a shared guard and governor.
+        if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup)
+            && let Some(engine) = bucket.current(instances, outage)
+            && engine.lock_free
+            && let (
+                [RuleEngine::Governor { limiter, t_ns, burst_ns }],
+                [RuleState { state: State::Governor(tat), owed }],
+            ) = (&*engine.rules, &*bucket.rules)
+        {
+            let eval = governor_check(limiter, *t_ns, *burst_ns, tat, now, cost);
+            if eval.ok && record && set.reconciles(0) {
+                owed.add(cost, now);
+                self.mark_owing();
             }
+            return LocalAnswer::Decided(decide(set, &[eval], eval.ok));
+        }
+        let engine = self.engine(set, instances);
+        let make = |key: &LocalKey| Bucket {
+            rules: self
+                .fresh_states(key, &engine, now)
+                .into_iter()
+                .map(|state| RuleState {
+                    state,
+                    owed: Owed::new(),
+                })
+                .collect(),
+            engine: Some(engine.clone()),
+            outage,
         };
         // The warm store is a different map, so reading it while holding this
         // bucket's shard lock cannot deadlock.
-        let Some(mut bucket) = self.buckets.get_or_try_insert(key, fresh_slots) else {
+        let Some(mut bucket) = self.buckets.get_or_try_insert_with(
+            &probe as &dyn Lookup,
+            || LocalKey::new(set, escaped_key),
+            make,
+        ) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
         };
-        if bucket.instances != instances || bucket.outage != outage {
-            *bucket = fresh_slots(bucket.key());
-        }
-        let evals: Vec<slot::Eval> = set
-            .rules()
-            .iter()
-            .zip(&shares)
-            .zip(&bucket.slots)
-            .map(|((r, s), slot)| slot::evaluate(r, *s, *slot, now, cost))
-            .collect();
-        let allowed = evals.iter().all(|e| e.ok);
-        if allowed {
-            for (slot, e) in bucket.slots.iter_mut().zip(&evals) {
-                *slot = e.next;
+        if bucket.current(instances, outage).is_none() {
+            // A new outage or instance count: fresh states, same debts.
+            let (key, b) = bucket.pair_mut();
+            for (r, state) in b.rules.iter_mut().zip(self.fresh_states(key, &engine, now)) {
+                r.state = state;
             }
+            b.engine = Some(engine.clone());
+            b.outage = outage;
+        }
+        let mut evals = [Eval::EMPTY; MAX_RULES];
+        let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
+        if allowed && record {
+            self.owe(bucket.key(), &bucket.rules, cost, now);
         }
         drop(bucket);
-        if allowed && record {
-            for (i, rule) in set.rules().iter().enumerate() {
-                if set.reconciles(i) {
-                    self.ledger
-                        .record(set.storage_key(escaped_key, i), rule, cost, now);
-                }
-            }
+        LocalAnswer::Decided(decide(set, &evals[..set.rules().len()], allowed))
+    }
+
+    fn mark_owing(&self) {
+        if !self.owing.load(Ordering::Relaxed) {
+            self.owing.store(true, Ordering::SeqCst);
         }
-        LocalAnswer::Decided(decide(set, &evals, allowed))
+    }
+
+    /// Adds `cost` to what each reconciled rule of a bucket owes, moving what
+    /// a window rule owed for an earlier window to the ledger first (a bucket
+    /// owes for one window at a time).
+    fn owe(&self, key: &LocalKey, rules: &[RuleState], cost: u64, now: u64) {
+        let set = key.set();
+        for (i, (rule, r)) in set.rules().iter().zip(rules).enumerate() {
+            if !set.reconciles(i) {
+                continue;
+            }
+            let window = window_index(rule, now);
+            if r.owed.window.load(Ordering::Relaxed) != window {
+                self.move_owed(key, i, &r.owed);
+                r.owed.window.store(window, Ordering::Relaxed);
+            }
+            r.owed.add(cost, now);
+        }
+        self.mark_owing();
+    }
+
+    fn move_owed(&self, key: &LocalKey, rule: usize, owed: &Owed) {
+        let set = key.set();
+        if let (Some((units, first, last, _)), Some(r)) = (owed.take(), set.rules().get(rule)) {
+            self.ledger
+                .record_span(set.storage_key(key.key(), rule), r, units, first, last);
+        }
+    }
+
+    /// Moves what every bucket owes into the ledger.
+    fn move_all_owed(&self) {
+        if !self.owing.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        self.buckets.for_each(|key, bucket| {
+            for (i, r) in bucket.rules.iter().enumerate() {
+                self.move_owed(key, i, &r.owed);
+            }
+        });
     }
 
     /// Claims what `escaped_key` still owes Redis under `set`'s rules, so the
-    /// key's next Redis call can carry it; empty (and free) when the ledger is.
+    /// key's next Redis call can carry it; empty (and free) when nothing is owed.
     pub fn claim_pending(&self, escaped_key: &str, set: &RuleSet) -> Vec<Claim> {
+        if self.ledger.is_empty() && !self.owing.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let probe = Probe { set, key: escaped_key };
+        if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
+            for (i, r) in bucket.rules.iter().enumerate() {
+                self.move_owed(bucket.key(), i, &r.owed);
+            }
+        }
         if self.ledger.is_empty() {
             return Vec::new();
         }
@@ -404,22 +646,48 @@ impl LocalTier {
         claims
     }
 
-    /// Records `cost` units admitted without Redis for `escaped_key` in the outage
-    /// ledger, for every rule the set reconciles.
+    /// Records `cost` units admitted without a bucket (FailOpen) for
+    /// `escaped_key`: owed to Redis for every rule the set reconciles, like a
+    /// local admission.
     pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
         let now = self.clock.unix_micros();
-        for (i, rule) in set.rules().iter().enumerate() {
-            if set.reconciles(i) {
-                self.ledger
-                    .record(set.storage_key(escaped_key, i), rule, cost, now);
+        let probe = Probe { set, key: escaped_key };
+        let outage = self.outage.load(Ordering::Relaxed);
+        let bucket = self.buckets.get_or_try_insert_with(
+            &probe as &dyn Lookup,
+            || LocalKey::new(set, escaped_key),
+            |_| Bucket {
+                engine: None,
+                outage,
+                rules: set
+                    .rules()
+                    .iter()
+                    .map(|_| RuleState {
+                        state: State::Own(Slot::Tat(0)),
+                        owed: Owed::new(),
+                    })
+                    .collect(),
+            },
+        );
+        match bucket {
+            Some(bucket) => self.owe(bucket.key(), &bucket.rules, cost, now),
+            // No room for the key: straight to the ledger, which counts what
+            // it cannot hold.
+            None => {
+                for (i, rule) in set.rules().iter().enumerate() {
+                    if set.reconciles(i) {
+                        self.ledger
+                            .record(set.storage_key(escaped_key, i), rule, cost, now);
+                    }
+                }
             }
         }
     }
 
-    fn warm_seeds(&self, key: &str, rules: usize, now: u64) -> Option<(u64, Vec<u64>)> {
-        let w = self.warm.get_mut(key)?;
+    fn warm_seeds(&self, key: &LocalKey, rules: usize, now: u64) -> Option<(u64, Vec<u64>)> {
+        let w = self.warm.get(key as &dyn Lookup)?;
         (w.expires_us > now && w.remaining.len() == rules)
-            .then(|| (w.seen_at_us, w.remaining.clone()))
+            .then(|| (w.seen_at_us, w.remaining.to_vec()))
     }
 
     /// Remembers what Redis last reported for a key (per rule: remaining units and
@@ -433,27 +701,25 @@ impl LocalTier {
         rules: impl Iterator<Item = (u64, Duration)>,
     ) {
         let now = self.clock.unix_micros();
-        let mut remaining = Vec::with_capacity(set.rules().len());
-        let mut longest = 0u64;
-        for (r, reset) in rules {
-            remaining.push(r);
-            longest = longest.max(u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
-        }
-        let warm = Warm {
-            seen_at_us: now,
-            expires_us: now.saturating_add(longest),
-            remaining,
-        };
-        if let Some(mut w) = self
-            .warm
-            .get_or_try_insert(map_key(set, escaped_key), |_| Warm {
+        let probe = Probe { set, key: escaped_key };
+        let Some(mut w) = self.warm.get_or_try_insert_with(
+            &probe as &dyn Lookup,
+            || LocalKey::new(set, escaped_key),
+            |_| Warm {
                 seen_at_us: 0,
                 expires_us: 0,
-                remaining: Vec::new(),
-            })
-        {
-            *w = warm;
+                remaining: vec![0; set.rules().len()].into_boxed_slice(),
+            },
+        ) else {
+            return;
+        };
+        let mut longest = 0u64;
+        for (slot, (r, reset)) in w.remaining.iter_mut().zip(rules) {
+            *slot = r;
+            longest = longest.max(u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
         }
+        w.seen_at_us = now;
+        w.expires_us = now.saturating_add(longest);
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
@@ -477,13 +743,15 @@ impl LocalTier {
             decision: *decision,
         };
         let mut fresh = false;
-        let Some(mut d) = self
-            .denials
-            .get_or_try_insert(map_key(set, escaped_key), |_| {
+        let probe = Probe { set, key: escaped_key };
+        let Some(mut d) = self.denials.get_or_try_insert_with(
+            &probe as &dyn Lookup,
+            || LocalKey::new(set, escaped_key),
+            |_| {
                 fresh = true;
                 denial
-            })
-        else {
+            },
+        ) else {
             return;
         };
         if fresh {
@@ -506,13 +774,16 @@ impl LocalTier {
 
     /// A cached denial for this request, if one is still in force.
     pub fn cached_denial(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+        if self.denials.len() == 0 {
+            return None;
+        }
         let now = self.clock.unix_micros();
-        let key = map_key(set, escaped_key);
-        let d = *self.denials.get_mut(key.as_str())?;
+        let probe = Probe { set, key: escaped_key };
+        let d = *self.denials.get(&probe as &dyn Lookup)?;
         if d.until_us <= now {
             // Kept until the retry-after itself, so a re-denial is not spread again.
             self.denials
-                .remove_if(key.as_str(), |d| d.retry_until_us <= now);
+                .remove_if(&probe as &dyn Lookup, |d| d.retry_until_us <= now);
             return None;
         }
         if cost < d.cost {
@@ -526,20 +797,22 @@ impl LocalTier {
     }
 
     /// Forgets what no longer matters: buckets of an ended outage or back to
-    /// full, expired denials and warm-start values; returns memory to the
+    /// full (once what they owe is in the ledger), expired denials and
+    /// warm-start values, engines no bucket uses; returns memory to the
     /// allocator.
     pub fn prune(&self) {
+        self.move_all_owed();
         let now = self.clock.unix_micros();
         let outage = self.outage.load(Ordering::Relaxed);
         let settling = now < self.settle_until_us.load(Ordering::Relaxed);
-        self.buckets.retain(|_, b| {
-            (b.outage == outage || (settling && b.outage + 1 == outage))
-                && !b.set.rules().iter().zip(&b.slots).all(|(rule, slot)| {
-                    slot::is_idle(rule, Share::of(rule, b.instances), *slot, now)
-                })
+        self.buckets.retain(|key, b| {
+            let owes = b.rules.iter().any(|r| r.owed.units.load(Ordering::Acquire) > 0);
+            owes || ((b.outage == outage || (settling && b.outage + 1 == outage))
+                && !b.is_idle(key.set(), now))
         });
         self.denials.retain(|_, d| d.retry_until_us > now);
         self.warm.retain(|_, w| w.expires_us > now);
+        self.engines.retain(|_, e| Arc::strong_count(e) > 1);
     }
 
     /// Number of local buckets.
@@ -572,8 +845,12 @@ impl LocalTier {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// The outage ledger.
+    /// The outage ledger, holding everything admitted locally that Redis has
+    /// not counted yet. Buckets count what they admit in place (a check
+    /// touches one map); this moves those counts into the ledger first, so
+    /// call it for the ledger, not in a hot loop.
     pub fn ledger(&self) -> &Ledger {
+        self.move_all_owed();
         &self.ledger
     }
 }
@@ -581,8 +858,8 @@ impl LocalTier {
 /// The deciding rule: when admitted the one with the fewest remaining, when
 /// denied the denying one with the longest wait. `limit` is the rule's global
 /// limit (what a client was promised), `remaining` this instance's.
-fn decide(set: &RuleSet, evals: &[slot::Eval], allowed: bool) -> Decision {
-    let key = |(i, e): &(usize, &slot::Eval)| {
+fn decide(set: &RuleSet, evals: &[Eval], allowed: bool) -> Decision {
+    let key = |(i, e): &(usize, &Eval)| {
         if allowed {
             (u64::MAX - e.remaining, std::cmp::Reverse(*i))
         } else {
@@ -593,7 +870,7 @@ fn decide(set: &RuleSet, evals: &[slot::Eval], allowed: bool) -> Decision {
         .iter()
         .enumerate()
         .max_by_key(|p| key(p))
-        .unwrap_or((0, &slot::Eval::EMPTY));
+        .unwrap_or((0, &Eval::EMPTY));
     let limit = set.rules().get(rule).map_or(0, |r| r.limit());
     if allowed {
         Decision::allowed(limit, e.remaining, us(e.reset_after_us), rule, Tier::Local)
