@@ -98,12 +98,34 @@ fn rule(limit: u64, period: Duration) -> Rule {
     Rule::with_period(limit, period).expect("valid rule")
 }
 
-/// One check of `set` should cost this crate at most this many allocations
-/// on top of redis-rs's; see the test for what they are.
-fn crate_budget(rules: usize) -> f64 {
-    let _ = rules;
-    f64::INFINITY
-}
+/// This crate's allocations per healthy `check`, whatever the number of rules
+/// (issue 10; redis-rs 1.8, tokio 1.54, averaged over 2,000 checks):
+///
+/// | | 1 rule | 3 rules |
+/// |---|---|---|
+/// | before: total, redis-rs, ours | 31, 4, 27 | 57, 4, 53 |
+/// | after: total, redis-rs, ours | 7, 4, 3 | 7, 4, 3 |
+///
+/// Before, every key and number was a `String` of its own, copied again into
+/// redis-rs's `ScriptInvocation` (a `Vec<u8>` each), whose `Cmd` was built
+/// from those, and the reply went through a `Vec<i64>`. What remains is what
+/// the key and the reply need: the command's buffer and redis-rs's list of
+/// where each argument ends in it (one `Cmd`, sized up front, keys formatted
+/// into it, the rules' numbers copied from the `RuleSet`), and the verdict's
+/// `rules` vector (public API). redis-rs's own 4 include its packed copy of
+/// the command, the request's reply channel and the reply's `Value` array.
+///
+/// The margin of half an allocation absorbs redis-rs's rare buffer growth,
+/// which need not fall the same in the two loops subtracted; one more
+/// allocation per check fails the test.
+const CHECK_BUDGET: f64 = 3.5;
+
+/// This crate's allocations per `check_after` with one write-back:
+/// before 40 (1 rule) and 54 (3 rules), after 8 for both (redis-rs: 6). Each
+/// of the two commands is one `Cmd` (2); the pipeline's list of commands,
+/// the replies as they land (kept outside the deadline so what came back
+/// survives it), the write-backs' outcomes and the verdict's rules (1 each).
+const CHECK_AFTER_BUDGET: f64 = 8.5;
 
 #[tokio::test]
 async fn a_healthy_check_allocates_only_what_its_key_and_reply_need() {
@@ -154,8 +176,8 @@ async fn a_healthy_check_allocates_only_what_its_key_and_reply_need() {
         report.push_str(&format!(
             "check, {rules} rule(s): total {total} | redis-rs {redis_rs} | tierlimit-redis {ours}\n"
         ));
-        if ours.allocs > crate_budget(rules) {
-            over.push(format!("{rules} rule(s): {ours}"));
+        if ours.allocs > CHECK_BUDGET {
+            over.push(format!("check, {rules} rule(s): {ours}"));
         }
 
         // check_after with one write-back pipelined before the check.
@@ -209,10 +231,13 @@ async fn a_healthy_check_allocates_only_what_its_key_and_reply_need() {
             }
         })
         .await;
+        let ours = after - redis_rs_after;
         report.push_str(&format!(
-            "check_after + 1 write-back, {rules} rule(s): total {after} | redis-rs {redis_rs_after} | tierlimit-redis {}\n",
-            after - redis_rs_after
+            "check_after + 1 write-back, {rules} rule(s): total {after} | redis-rs {redis_rs_after} | tierlimit-redis {ours}\n"
         ));
+        if ours.allocs > CHECK_AFTER_BUDGET {
+            over.push(format!("check_after, {rules} rule(s): {ours}"));
+        }
     }
     println!("{report}");
     assert!(over.is_empty(), "over budget: {over:?}\n{report}");
