@@ -43,6 +43,9 @@ struct Inner {
     identity: String,
     /// A hash of `identity`, the same in every process of a build.
     identity_hash: u64,
+    /// Per rule, the five numbers the check script reads, formatted once here
+    /// rather than on every check (see [`RuleSet::script_args`]).
+    script_args: Vec<[String; 5]>,
     policy: Option<Policy>,
     reconcile: Option<bool>,
 }
@@ -91,6 +94,7 @@ impl RuleSet {
             .map(|r| format!(":{name}:{}", r.id()))
             .collect();
         let identity = suffixes.concat();
+        let script_args = rules.iter().map(script_args).collect();
         Ok(RuleSet {
             inner: Arc::new(Inner {
                 identity_hash: hash_identity(&identity),
@@ -98,6 +102,7 @@ impl RuleSet {
                 name,
                 rules,
                 suffixes,
+                script_args,
                 policy: None,
                 reconcile: None,
             }),
@@ -129,6 +134,7 @@ impl RuleSet {
             suffixes: shared.suffixes.clone(),
             identity: shared.identity.clone(),
             identity_hash: shared.identity_hash,
+            script_args: shared.script_args.clone(),
             policy: shared.policy,
             reconcile: shared.reconcile,
         });
@@ -225,6 +231,63 @@ impl RuleSet {
         key.push_str(suffix);
         key
     }
+
+    /// The part of rule `index`'s [storage key](Self::storage_key) after the
+    /// user key's hash tag: `:<set>:<rule id>`, so that key is
+    /// `tl:{<escaped key>}` followed by this. For callers that write keys
+    /// straight into a buffer of their own.
+    ///
+    /// # Panics
+    ///
+    /// Never for `index < self.rules().len()`; other indexes are a bug in the caller.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::{Rule, RuleSet};
+    ///
+    /// let set = RuleSet::new("api", [Rule::per_second(10)?])?;
+    /// let key = format!("tl:{{user:42}}{}", set.storage_key_suffix(0));
+    /// assert_eq!(key, set.storage_key("user:42", 0));
+    /// # Ok::<(), tierlimit_core::Error>(())
+    /// ```
+    pub fn storage_key_suffix(&self, index: usize) -> &str {
+        &self.inner.suffixes[index]
+    }
+
+    /// The five numbers the Redis check script (`lua/check.lua`) reads for
+    /// rule `index`, as decimal strings, in its order: algorithm
+    /// [code](crate::Algorithm::code), limit, period in µs, capacity, UTC
+    /// offset in µs. Formatted once when the set is built, since they never
+    /// change, so a check copies them instead of formatting them again.
+    ///
+    /// # Panics
+    ///
+    /// Never for `index < self.rules().len()`; other indexes are a bug in the caller.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::{Rule, RuleSet};
+    ///
+    /// let set = RuleSet::new("api", [Rule::per_natural_day(1000, -8 * 3600)?])?;
+    /// assert_eq!(set.script_args(0), ["5", "1000", "86400000000", "1000", "-28800000000"]);
+    /// # Ok::<(), tierlimit_core::Error>(())
+    /// ```
+    pub fn script_args(&self, index: usize) -> [&str; 5] {
+        self.inner.script_args[index].each_ref().map(String::as_str)
+    }
+}
+
+/// [`RuleSet::script_args`] of one rule.
+fn script_args(rule: &Rule) -> [String; 5] {
+    [
+        rule.algorithm().code().to_string(),
+        rule.limit().to_string(),
+        rule.period_micros().to_string(),
+        rule.capacity().to_string(),
+        (i64::from(rule.utc_offset_secs()) * 1_000_000).to_string(),
+    ]
 }
 
 fn hash_identity(identity: &str) -> u64 {

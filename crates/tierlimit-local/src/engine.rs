@@ -25,8 +25,8 @@
 //! The other rules keep a small counter of their own ([`crate::slot`]): fixed
 //! and calendar windows (governor has no windows aligned to the clock), and
 //! the local stand-in for the sliding log and the sliding window counter (a
-//! two-window estimate). So do the rare GCRA rules governor cannot express:
-//! a per-instance burst above `u32::MAX`, or an emission interval under 1 µs.
+//! two-window estimate). So do the rare GCRA rules whose per-instance burst
+//! is above governor's `u32::MAX`.
 //!
 //! [`Clock`]: tierlimit_core::Clock
 
@@ -52,8 +52,7 @@ pub enum Engine {
     /// governor's GCRA (GCRA and token-bucket rules).
     Governor,
     /// This crate's exact integer GCRA, for the GCRA rules governor cannot
-    /// express (a share's burst above `u32::MAX` or an emission interval
-    /// under 1 µs).
+    /// express: a per-instance burst above `u32::MAX`.
     Gcra,
     /// This crate's window counter (fixed windows; sliding windows as a
     /// two-window estimate).
@@ -75,17 +74,15 @@ impl Engine {
 
 /// For a GCRA or token-bucket rule, the share's quota in governor's terms,
 /// when governor can hold it: the emission interval in ns, rounded up (the
-/// share refills at most as fast as the rule, so rounding never admits more),
-/// and the burst.
+/// share refills at most as fast as the rule, so rounding never admits more;
+/// rules are at most one unit per µs, so it is at least 1,000 ns), and the
+/// burst, when it fits governor's `u32`.
 fn governor_quota(rule: &Rule, share: Share) -> Option<Quota> {
     if !matches!(rule.algorithm(), Algorithm::Gcra | Algorithm::TokenBucket) {
         return None;
     }
     let period_ns = u128::from(rule.period_micros()) * 1_000;
     let t_ns = u64::try_from(period_ns.div_ceil(u128::from(share.limit))).ok()?;
-    if t_ns < 1_000 {
-        return None;
-    }
     let burst = NonZeroU32::new(u32::try_from(share.capacity).ok()?)?;
     Some(Quota::with_period(Duration::from_nanos(t_ns))?.allow_burst(burst))
 }
@@ -242,13 +239,14 @@ pub(crate) fn governor_check(
             remaining: u64::from(snapshot.remaining_burst_capacity()),
             reset_after_us: ceil_us(ahead(tat.get())),
             retry_after_us: 0,
-                    },
+        },
         Some(Ok(Err(not_until))) => Eval {
             ok: false,
             remaining: 0,
             reset_after_us: ceil_us(ahead(tat.get())),
-            retry_after_us: ceil_us(duration_ns(not_until.wait_time_from(Nanos::from(now_ns)))).max(1),
-                    },
+            retry_after_us: ceil_us(duration_ns(not_until.wait_time_from(Nanos::from(now_ns))))
+                .max(1),
+        },
         // More than the share's burst: never admitted here. Say when a
         // bucket that size would have had room, as the exact GCRA does.
         _ => {
@@ -261,7 +259,7 @@ pub(crate) fn governor_check(
                 remaining: 0,
                 reset_after_us: ceil_us(ahead(tat.get())),
                 retry_after_us: ceil_us(wait).max(1),
-                            }
+            }
         }
     }
 }

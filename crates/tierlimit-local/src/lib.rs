@@ -18,7 +18,7 @@
 //! | rule | local engine ([`Engine`]) |
 //! |---|---|
 //! | GCRA, token bucket | governor's GCRA ([`Engine::Governor`]) |
-//! | GCRA beyond governor (share burst > `u32::MAX`, interval < 1 µs) | this crate's exact GCRA ([`Engine::Gcra`]) |
+//! | GCRA with a per-instance burst above `u32::MAX` | this crate's exact GCRA ([`Engine::Gcra`]) |
 //! | fixed and calendar windows | a window counter aligned like Redis' ([`Engine::Window`]) |
 //! | sliding log, sliding window counter | a two-window estimate ([`Engine::Window`]) |
 //!

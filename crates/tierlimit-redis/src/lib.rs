@@ -47,6 +47,7 @@
 //! [`redact_url`], never with their password.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod command;
 mod config;
 mod failure;
 mod reconcile;

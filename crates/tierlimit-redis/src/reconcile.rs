@@ -1,6 +1,6 @@
 //! Writing an outage ledger back: arguments and replies of `lua/reconcile.lua`.
 
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisWrite, Value};
 use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result};
 
 use crate::RECONCILE;
@@ -61,13 +61,16 @@ pub enum Written {
     Refused(String),
 }
 
-/// `EVALSHA` of the reconcile script for one entry (see `lua/reconcile.lua`).
+/// `EVALSHA` of the reconcile script for one entry (see `lua/reconcile.lua`),
+/// written into one buffer sized up front (`now_arg` 0 means server time).
 pub(crate) fn reconcile_cmd(
     entry: &LedgerEntry,
     batch_id: &str,
-    now_arg: &str,
+    now_arg: u64,
     local_now_us: u64,
 ) -> Cmd {
+    /// Numbers among the arguments, each at most 20 digits (a `u64`).
+    const NUMBERS: usize = 11;
     let rule = &entry.rule;
     let (units, first_us) = newest_that_matter(entry);
     let marker_ms = entry
@@ -75,12 +78,20 @@ pub(crate) fn reconcile_cmd(
         .saturating_sub(local_now_us)
         .div_ceil(1_000)
         .saturating_add(MARKER_MARGIN_MS);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(RECONCILE.get_hash())
-        .arg(2)
-        .arg(&entry.storage_key)
-        .arg(format!("{}:rc:{batch_id}", entry.storage_key))
-        .arg(now_arg)
+    let key = &entry.storage_key;
+    let hash = RECONCILE.get_hash();
+    let mut cmd = Cmd::with_capacity(
+        5 + NUMBERS,
+        "EVALSHA".len()
+            + hash.len()
+            + 2 * key.len()
+            + MARKER.len()
+            + 2 * batch_id.len()
+            + 20 * NUMBERS,
+    );
+    cmd.arg("EVALSHA").arg(hash).arg(2).arg(key);
+    cmd.write_arg_fmt(format_args!("{key}{MARKER}{batch_id}"));
+    cmd.arg(now_arg)
         .arg(rule.algorithm().code())
         .arg(rule.limit())
         .arg(rule.period_micros())
@@ -93,6 +104,9 @@ pub(crate) fn reconcile_cmd(
         .arg(batch_id);
     cmd
 }
+
+/// Between a storage key and a batch id in the batch marker's key.
+const MARKER: &str = ":rc:";
 
 /// The units of `entry` that can still change a decision, and when the first
 /// of them was admitted: no rule counts more than its capacity within a window,

@@ -9,11 +9,14 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, IntoConnectionInfo, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use redis::{
+    Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
+};
 use tierlimit_core::{
     Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
 };
 
+use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
 use crate::reconcile::{WriteBack, Written, reconcile_cmd, written};
@@ -163,16 +166,9 @@ impl RedisTier {
     /// before any I/O. A [`Timeout`](tierlimit_core::RedisFailure::Timeout)
     /// means the outcome is unknown: the script may still have run.
     pub async fn check(&self, key: &str, set: &RuleSet, cost: u64) -> Result<Verdict> {
-        let (keys, args) = self.check_call(key, set, cost)?;
-        let mut invocation = CHECK.prepare_invoke();
-        invocation.key(keys).arg(args);
-        let invocation = &invocation;
-        let reply: Value = self
-            .call(|conn| {
-                send_refused_once(conn, |mut c| async move {
-                    invocation.invoke_async(&mut c).await
-                })
-            })
+        let cmd = &self.check_cmd(key, set, cost)?;
+        let reply = self
+            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd)))
             .await
             .map_err(Failure::into_error)?;
         parse_verdict(reply, set)
@@ -194,22 +190,22 @@ impl RedisTier {
     pub async fn check_many(&self, checks: &[CheckRequest<'_>]) -> Result<Vec<Result<Verdict>>> {
         let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
         let mut sent = Vec::new();
-        let mut cmds = Vec::new();
+        let mut pipe = Pipeline::with_capacity(checks.len());
         for (i, check) in checks.iter().enumerate() {
-            match self.check_call(check.key, check.set, check.cost) {
-                Ok((keys, args)) => {
-                    cmds.push(evalsha_check(keys, args));
+            match self.check_cmd(check.key, check.set, check.cost) {
+                Ok(cmd) => {
+                    pipe.add_command(cmd);
                     sent.push(i);
                     results.push(None);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        if !cmds.is_empty() {
-            let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        if !pipe.is_empty() {
+            let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
             let scripts: [&Script; 1] = [&CHECK];
             let outcome = self
-                .call(|conn| pipeline_scripts(conn, &scripts, &cmds, &mut replies))
+                .call(|conn| pipeline_scripts(conn, &scripts, &pipe, &mut replies))
                 .await;
             if let Err(failure) = &outcome
                 && replies.iter().all(Option::is_none)
@@ -300,14 +296,14 @@ impl RedisTier {
     /// each write-back has its own outcome, in order: an error there is one
     /// that may pass (`-OOM`, say); one that cannot is [`Written::Refused`].
     pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
-        let cmds = self.writeback_cmds(writes)?;
-        if cmds.is_empty() {
+        let pipe = self.writeback_pipeline(writes, 0)?;
+        if pipe.is_empty() {
             return Ok(Vec::new());
         }
-        let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 1] = [&RECONCILE];
         self.call_on(&self.inner.bulk, |conn| {
-            pipeline_scripts(conn, &scripts, &cmds, &mut replies)
+            pipeline_scripts(conn, &scripts, &pipe, &mut replies)
         })
         .await
         .map_err(Failure::into_error)?;
@@ -331,10 +327,10 @@ impl RedisTier {
         cost: u64,
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
-        let (keys, args) = self.check_call(key, set, cost)?;
-        let mut cmds = self.writeback_cmds(writes)?;
-        cmds.push(evalsha_check(keys, args));
-        let mut replies: Vec<Option<Value>> = vec![None; cmds.len()];
+        let check = self.check_cmd(key, set, cost)?;
+        let mut pipe = self.writeback_pipeline(writes, 1)?;
+        pipe.add_command(check);
+        let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 2] = [&RECONCILE, &CHECK];
         // A server that restarted since holds the check script (every check
         // loads it) but maybe not the reconcile script: the pipeline would get
@@ -350,7 +346,7 @@ impl RedisTier {
                 .await?;
                 loaded.store(true, Ordering::Release);
             }
-            pipeline_scripts(conn, &scripts, &cmds, &mut replies).await
+            pipeline_scripts(conn, &scripts, &pipe, &mut replies).await
         })
         .await
         .map_err(Failure::into_error)?;
@@ -366,15 +362,16 @@ impl RedisTier {
         Ok((check, written))
     }
 
-    fn writeback_cmds(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Cmd>> {
+    /// A pipeline of the write-backs' `EVALSHA`s, with room for `more`
+    /// commands after them.
+    fn writeback_pipeline(&self, writes: &[WriteBack<'_>], more: usize) -> Result<Pipeline> {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
-        writes
-            .iter()
-            .map(|w| {
-                validate_key(w.id)?;
-                Ok(reconcile_cmd(w.entry, w.id, &now_arg, local_now_us))
-            })
-            .collect()
+        let mut pipe = Pipeline::with_capacity(writes.len() + more);
+        for w in writes {
+            validate_key(w.id)?;
+            pipe.add_command(reconcile_cmd(w.entry, w.id, now_arg, local_now_us));
+        }
+        Ok(pipe)
     }
 
     /// Removes `instance_id` from the heartbeat set `zset_key` (when an
@@ -466,32 +463,17 @@ impl RedisTier {
         self.inner.replaced.load(Ordering::Relaxed)
     }
 
-    /// Validates a check and builds its KEYS and ARGV (see `lua/check.lua`).
-    fn check_call(
-        &self,
-        key: &str,
-        set: &RuleSet,
-        cost: u64,
-    ) -> Result<(Vec<String>, Vec<String>)> {
+    /// Validates a check and builds its `EVALSHA` (see `lua/check.lua`).
+    fn check_cmd(&self, key: &str, set: &RuleSet, cost: u64) -> Result<Cmd> {
         validate_key(key)?;
         set.validate_cost(cost)?;
-        let escaped = escape_key(key);
-        let rules = set.rules();
-        let keys = (0..rules.len())
-            .map(|i| set.storage_key(&escaped, i))
-            .collect();
-        let mut args = Vec::with_capacity(3 + 5 * rules.len());
-        args.push(self.now_arg());
-        args.push(cost.to_string());
-        args.push(fastrand::u64(..).to_string());
-        for rule in rules {
-            args.push(rule.algorithm().code().to_string());
-            args.push(rule.limit().to_string());
-            args.push(rule.period_micros().to_string());
-            args.push(rule.capacity().to_string());
-            args.push((i64::from(rule.utc_offset_secs()) * 1_000_000).to_string());
-        }
-        Ok((keys, args))
+        Ok(command::check(
+            set,
+            &escape_key(key),
+            self.now_arg(),
+            cost,
+            fastrand::u64(..),
+        ))
     }
 
     /// This process's idea of now (µs since the epoch): the injected clock in
@@ -503,12 +485,12 @@ impl RedisTier {
         }
     }
 
-    /// ARGV "now": "0" asks the script for the server's TIME.
-    fn now_arg(&self) -> String {
+    /// ARGV "now": 0 asks the script for the server's TIME.
+    fn now_arg(&self) -> u64 {
         match &self.inner.time_source {
-            TimeSource::Server => "0".to_string(),
+            TimeSource::Server => 0,
             // 0 would mean server time: a clock at the epoch is a broken clock anyway.
-            TimeSource::Client(clock) => clock.unix_micros().max(1).to_string(),
+            TimeSource::Client(clock) => clock.unix_micros().max(1),
         }
     }
 
@@ -669,17 +651,33 @@ where
     }
 }
 
-/// Pipelines `cmds` (EVALSHA of `scripts`), reloading the scripts and
+/// Sends `cmd`, an `EVALSHA` of `script`, and answers its reply, an error
+/// reply as an error. When the server lost the script (`SCRIPT FLUSH`, a
+/// restart), loads it and sends `cmd` once more, as redis-rs's
+/// `ScriptInvocation` does; called directly rather than through it, so a check
+/// builds one command and no boxed future.
+async fn evalsha(mut conn: ConnectionManager, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
+    let mut reply = conn.send_packed_command(cmd).await?;
+    if is_noscript(&reply) {
+        script.load_async(&mut conn).await?;
+        reply = conn.send_packed_command(cmd).await?;
+    }
+    match reply {
+        Value::ServerError(e) => Err(e.into()),
+        reply => Ok(reply),
+    }
+}
+
+/// Pipelines `pipe` (EVALSHA of `scripts`), reloading the scripts and
 /// re-sending only the commands that failed with NOSCRIPT. Replies land in
 /// `replies` as they arrive, so what came back survives a later failure.
 async fn pipeline_scripts(
     conn: ConnectionManager,
     scripts: &[&Script],
-    cmds: &[Cmd],
+    pipe: &Pipeline,
     replies: &mut [Option<Value>],
 ) -> RedisResult<()> {
-    let all: Vec<usize> = (0..cmds.len()).collect();
-    let first = send_pipeline(&conn, cmds, &all).await?;
+    let first = send_pipeline(&conn, pipe).await?;
     let mut missing = Vec::new();
     for (i, reply) in first.into_iter().enumerate() {
         if is_noscript(&reply) {
@@ -701,48 +699,31 @@ async fn pipeline_scripts(
         })
         .await?;
     }
-    let again = send_pipeline(&conn, cmds, &missing).await?;
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    let mut resend = Pipeline::with_capacity(missing.len());
+    for &i in &missing {
+        resend.add_command(cmds[i].clone());
+    }
+    let again = send_pipeline(&conn, &resend).await?;
     for (i, reply) in missing.into_iter().zip(again) {
         replies[i] = Some(reply);
     }
     Ok(())
 }
 
-/// Sends `cmds[which]` as one pipeline; one reply per command, error replies
-/// included as values.
-async fn send_pipeline(
-    conn: &ConnectionManager,
-    cmds: &[Cmd],
-    which: &[usize],
-) -> RedisResult<Vec<Value>> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for &i in which {
-        pipe.add_command(cmds[i].clone());
-    }
-    let pipe = &pipe;
-    let replies: Vec<Value> = send_refused_once(conn.clone(), |mut c| async move {
-        pipe.query_async(&mut c).await
+/// Sends `pipe`; one reply per command, error replies included as values.
+async fn send_pipeline(conn: &ConnectionManager, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    let replies = send_refused_once(conn.clone(), |mut c| async move {
+        c.send_packed_commands(pipe, 0, pipe.len()).await
     })
     .await?;
-    if replies.len() != which.len() {
+    if replies.len() != pipe.len() {
         return Err(RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "pipeline answered a different number of replies than commands sent",
         )));
     }
     Ok(replies)
-}
-
-/// `EVALSHA` of the check script, for a pipeline (where redis-rs's `Script`
-/// cannot be used).
-fn evalsha_check(keys: Vec<String>, args: Vec<String>) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(CHECK.get_hash())
-        .arg(keys.len())
-        .arg(keys)
-        .arg(args);
-    cmd
 }
 
 fn is_noscript(reply: &Value) -> bool {
@@ -790,18 +771,18 @@ mod tests {
         let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
         tier.check("warm", &set, 1).await.expect("loads the script");
 
-        let check = |key: &str| {
-            let (keys, args) = tier.check_call(key, &set, 1).expect("valid check");
-            evalsha_check(keys, args)
-        };
+        let check = |key: &str| tier.check_cmd(key, &set, 1).expect("valid check");
         let mut flush = redis::cmd("SCRIPT");
         flush.arg("FLUSH");
-        let cmds = [check("a"), flush, check("b")];
+        let mut pipe = redis::pipe();
+        pipe.add_command(check("a"))
+            .add_command(flush)
+            .add_command(check("b"));
         let mut replies = [None, None, None];
         let before = server.command_calls("evalsha").await;
         let conn = tier.connection(&tier.inner.conn).expect("connection");
         let scripts: [&Script; 1] = [&CHECK];
-        pipeline_scripts(conn, &scripts, &cmds, &mut replies)
+        pipeline_scripts(conn, &scripts, &pipe, &mut replies)
             .await
             .expect("pipeline");
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 use redis::Value;
 use tierlimit_core::{Decision, Error, RedisFailure, Result, RuleSet, Tier};
 
+use crate::failure::classify_server;
+
 /// The global tier's answer to one check: the decision, plus every rule's
 /// state, which seeds the local tier when Redis later becomes unreachable.
 ///
@@ -99,9 +101,20 @@ impl<'a> CheckRequest<'a> {
 
 /// Reads the check script's reply (see `lua/check.lua`):
 /// `{allowed, rule, retry_after_us, now_us, (remaining_i, reset_after_us_i)...}`.
+///
+/// Read in place: the only allocation is the verdict's own list of rules.
 pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
-    let items: Vec<i64> =
-        redis::from_redis_value(reply).map_err(|e| malformed(format!("not integers: {e}")))?;
+    let items = match &reply {
+        Value::Array(items) | Value::Set(items) => items.as_slice(),
+        other => return Err(malformed(format!("not an array: {other:?}"))),
+    };
+    // An error inside the array is the server's, as redis-rs would report it.
+    if let Some(e) = items.iter().find_map(|item| match item {
+        Value::ServerError(e) => Some(e),
+        _ => None,
+    }) {
+        return Err(classify_server(e.clone()));
+    }
     let rules = set.rules().len();
     if items.len() != 4 + 2 * rules {
         return Err(malformed(format!(
@@ -110,28 +123,34 @@ pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
             4 + 2 * rules
         )));
     }
-    let unsigned = |i: usize| {
-        u64::try_from(items[i]).map_err(|_| malformed(format!("item {i} is {}", items[i])))
+    let int = |i: usize| match &items[i] {
+        Value::Int(n) => Ok(*n),
+        other => redis::from_redis_value_ref::<i64>(other)
+            .map_err(|e| malformed(format!("item {i} is not an integer: {e}"))),
     };
-    let allowed = match items[0] {
+    let unsigned = |i: usize| {
+        let n = int(i)?;
+        u64::try_from(n).map_err(|_| malformed(format!("item {i} is {n}")))
+    };
+    let allowed = match int(0)? {
         0 => false,
         1 => true,
         other => return Err(malformed(format!("allowed is {other}"))),
     };
-    let rule = usize::try_from(items[1])
+    let deciding = int(1)?;
+    let rule = usize::try_from(deciding)
         .ok()
         .filter(|r| *r < rules)
-        .ok_or_else(|| malformed(format!("deciding rule {} of {rules}", items[1])))?;
+        .ok_or_else(|| malformed(format!("deciding rule {deciding} of {rules}")))?;
     let retry_after = Duration::from_micros(unsigned(2)?);
     let server_time_us = unsigned(3)?;
-    let states = (0..rules)
-        .map(|i| {
-            Ok(RuleState {
-                remaining: unsigned(4 + 2 * i)?,
-                reset_after: Duration::from_micros(unsigned(5 + 2 * i)?),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut states = Vec::with_capacity(rules);
+    for i in 0..rules {
+        states.push(RuleState {
+            remaining: unsigned(4 + 2 * i)?,
+            reset_after: Duration::from_micros(unsigned(5 + 2 * i)?),
+        });
+    }
     let limit = set.rules()[rule].limit();
     let deciding = states[rule];
     let decision = if allowed {
@@ -208,6 +227,19 @@ mod tests {
     }
 
     #[test]
+    fn an_error_inside_the_reply_is_the_servers() {
+        let oom = Value::ServerError(
+            redis::make_extension_error("OOM".to_string(), Some("used memory".into()))
+                .try_into()
+                .expect("a server error"),
+        );
+        let mut items: Vec<Value> = (0..8).map(Value::Int).collect();
+        items[5] = oom;
+        let err = parse_verdict(Value::Array(items), &set()).expect_err("an error reply");
+        assert_eq!(err.redis_failure(), Some(RedisFailure::OutOfMemory));
+    }
+
+    #[test]
     fn refuses_wrong_shapes() {
         let bad = [
             reply(&[1, 0, 0, 1, 2, 3]),            // too short
@@ -216,6 +248,16 @@ mod tests {
             reply(&[1, 0, 0, 1, -2, 3, 4, 5]),     // negative remaining
             reply(&[0, 0, 0, 1, 0, 3, 4, 5]),      // denied without a wait
             Value::SimpleString("OK".to_string()), // not an array
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Nil,
+                Value::Int(0),
+                Value::Int(1),
+                Value::Int(2),
+                Value::Int(3),
+                Value::Int(4),
+                Value::Int(5),
+            ]), // not an integer
         ];
         for value in bad {
             let err = parse_verdict(value, &set()).expect_err("malformed");

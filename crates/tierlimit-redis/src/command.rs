@@ -1,0 +1,147 @@
+//! The check script's `EVALSHA`, written straight into one command buffer.
+//!
+//! A check is on every request's path, so its command is built without
+//! intermediate strings: redis-rs's `Cmd` holds the bytes of every argument in
+//! one buffer (plus one vector of where each ends), sized here up front; the
+//! storage keys are formatted into it and the rules' numbers are copied from
+//! what the [`RuleSet`] formatted once when it was built.
+
+use std::fmt;
+
+use redis::{Cmd, RedisWrite};
+use tierlimit_core::RuleSet;
+
+use crate::CHECK;
+
+/// Arguments the check script takes per call besides its keys and the rules'
+/// numbers: now, cost, nonce.
+const CALL_ARGS: usize = 3;
+
+/// The most bytes a `u64` takes in decimal.
+const U64_DIGITS: usize = 20;
+
+/// `EVALSHA <sha> <numkeys> KEYS... now cost nonce (code limit period capacity offset)...`
+/// for `set` (see `lua/check.lua`); `escaped_key` comes from
+/// [`escape_key`](tierlimit_core::escape_key), `now` is 0 for the server's time.
+pub(crate) fn check(set: &RuleSet, escaped_key: &str, now: u64, cost: u64, nonce: u64) -> Cmd {
+    let rules = set.rules().len();
+    let keys_len: usize = (0..rules)
+        .map(|i| StorageKey::new(set, escaped_key, i).len())
+        .sum();
+    let rule_args_len: usize = (0..rules)
+        .flat_map(|i| set.script_args(i))
+        .map(str::len)
+        .sum();
+    let hash = CHECK.get_hash();
+    let mut cmd = Cmd::with_capacity(
+        3 + rules + CALL_ARGS + 5 * rules,
+        "EVALSHA".len() + hash.len() + U64_DIGITS * (1 + CALL_ARGS) + keys_len + rule_args_len,
+    );
+    cmd.arg("EVALSHA").arg(hash).arg(rules);
+    for i in 0..rules {
+        // Cmd writes a Display straight into its buffer (no String between).
+        cmd.write_arg_fmt(StorageKey::new(set, escaped_key, i));
+    }
+    cmd.arg(now).arg(cost).arg(nonce);
+    for i in 0..rules {
+        for arg in set.script_args(i) {
+            cmd.arg(arg);
+        }
+    }
+    cmd
+}
+
+/// [`RuleSet::storage_key`], formatted where it is written.
+struct StorageKey<'a> {
+    escaped_key: &'a str,
+    suffix: &'a str,
+}
+
+impl<'a> StorageKey<'a> {
+    const PREFIX: &'static str = "tl:{";
+    const TAG_END: &'static str = "}";
+
+    fn new(set: &'a RuleSet, escaped_key: &'a str, index: usize) -> Self {
+        StorageKey {
+            escaped_key,
+            suffix: set.storage_key_suffix(index),
+        }
+    }
+
+    fn len(&self) -> usize {
+        Self::PREFIX.len() + self.escaped_key.len() + Self::TAG_END.len() + self.suffix.len()
+    }
+}
+
+impl fmt::Display for StorageKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(Self::PREFIX)?;
+        f.write_str(self.escaped_key)?;
+        f.write_str(Self::TAG_END)?;
+        f.write_str(self.suffix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierlimit_core::{Rule, escape_key};
+
+    fn sets() -> [RuleSet; 2] {
+        [
+            RuleSet::new("one", [Rule::per_second(7).expect("valid")]).expect("valid"),
+            RuleSet::new(
+                "three",
+                [
+                    Rule::per_second(3).expect("valid"),
+                    Rule::per_minute(5)
+                        .and_then(|r| r.with_burst(2))
+                        .expect("valid"),
+                    Rule::per_natural_day(1000, -8 * 3600).expect("valid"),
+                ],
+            )
+            .expect("valid"),
+        ]
+    }
+
+    /// The command as it was built before it went into one buffer: every key
+    /// from `RuleSet::storage_key`, every number formatted per call.
+    fn reference(set: &RuleSet, key: &str, now: u64, cost: u64, nonce: u64) -> Cmd {
+        let escaped = escape_key(key);
+        let rules = set.rules();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(CHECK.get_hash()).arg(rules.len());
+        for i in 0..rules.len() {
+            cmd.arg(set.storage_key(&escaped, i));
+        }
+        cmd.arg(now.to_string())
+            .arg(cost.to_string())
+            .arg(nonce.to_string());
+        for rule in rules {
+            cmd.arg(rule.algorithm().code().to_string())
+                .arg(rule.limit().to_string())
+                .arg(rule.period_micros().to_string())
+                .arg(rule.capacity().to_string())
+                .arg((i64::from(rule.utc_offset_secs()) * 1_000_000).to_string());
+        }
+        cmd
+    }
+
+    #[test]
+    fn sends_the_same_bytes_as_one_string_per_argument() {
+        for set in sets() {
+            for key in ["user:42", "a{b}%c", "{}{}%%", "k"] {
+                for (now, cost, nonce) in [(0, 1, 0), (u64::MAX, u64::MAX, u64::MAX)] {
+                    let ours = check(&set, &escape_key(key), now, cost, nonce);
+                    let theirs = reference(&set, key, now, cost, nonce);
+                    assert_eq!(
+                        String::from_utf8_lossy(&ours.get_packed_command()),
+                        String::from_utf8_lossy(&theirs.get_packed_command()),
+                        "{} / {key}",
+                        set.name()
+                    );
+                }
+            }
+        }
+    }
+}
