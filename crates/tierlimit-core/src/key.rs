@@ -27,10 +27,19 @@ pub fn validate_key(key: &str) -> Result<()> {
             max: MAX_KEY_LEN,
         });
     }
-    if let Some((position, _)) = key.char_indices().find(|(_, c)| c.is_control()) {
-        return Err(Error::KeyControlChar { position });
+    // ASCII keys (most) are checked a byte at a time; the control characters
+    // of ASCII are the bytes below 0x20 and 0x7F.
+    let control = if key.is_ascii() {
+        key.bytes().position(|b| b < 0x20 || b == 0x7f)
+    } else {
+        key.char_indices()
+            .find(|(_, c)| c.is_control())
+            .map(|(i, _)| i)
+    };
+    match control {
+        Some(position) => Err(Error::KeyControlChar { position }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Escapes a validated user key for use inside a Redis Cluster hash tag: `%`,
@@ -69,6 +78,17 @@ mod tests {
     fn escaping_is_injective_on_braces_and_percent() {
         assert_ne!(escape_key("%7B"), escape_key("{"));
         assert!(!escape_key("}{").contains(['{', '}']));
+    }
+
+    #[test]
+    fn control_characters_are_found_in_ascii_and_other_keys() {
+        for (key, position) in [("ab\x7f", 2), ("a\tb", 1), ("é\u{85}", 2), ("\u{1}é", 0)] {
+            assert!(
+                matches!(validate_key(key), Err(Error::KeyControlChar { position: p }) if p == position),
+                "{key:?}"
+            );
+        }
+        assert!(validate_key("é-ok~").is_ok());
     }
 
     #[test]

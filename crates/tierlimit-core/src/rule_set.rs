@@ -43,6 +43,8 @@ struct Inner {
     identity: String,
     /// A hash of `identity`, the same in every process of a build.
     identity_hash: u64,
+    /// Unique to this value in the process (never reused): see [`RuleSet::id`].
+    id: u64,
     /// Per rule, the five numbers the check script reads, formatted once here
     /// rather than on every check (see [`RuleSet::script_args`]).
     script_args: Vec<[String; 5]>,
@@ -98,6 +100,7 @@ impl RuleSet {
         Ok(RuleSet {
             inner: Arc::new(Inner {
                 identity_hash: hash_identity(&identity),
+                id: next_id(),
                 identity,
                 name,
                 rules,
@@ -134,6 +137,7 @@ impl RuleSet {
             suffixes: shared.suffixes.clone(),
             identity: shared.identity.clone(),
             identity_hash: shared.identity_hash,
+            id: next_id(),
             script_args: shared.script_args.clone(),
             policy: shared.policy,
             reconcile: shared.reconcile,
@@ -168,6 +172,14 @@ impl RuleSet {
     /// identity hash this rather than the whole string on every lookup.
     pub fn identity_hash(&self) -> u64 {
         self.inner.identity_hash
+    }
+
+    /// A number no other rule set of this process has had or will have
+    /// (clones share it; [`with_policy`](Self::with_policy) and
+    /// [`with_reconcile`](Self::with_reconcile) make a new one): what caches of
+    /// per-set handles, such as metric counters, are keyed by.
+    pub fn id(&self) -> u64 {
+        self.inner.id
     }
 
     /// True when both sets have the same [`identity`](Self::identity) (clones
@@ -288,6 +300,12 @@ fn script_args(rule: &Rule) -> [String; 5] {
         rule.capacity().to_string(),
         (i64::from(rule.utc_offset_secs()) * 1_000_000).to_string(),
     ]
+}
+
+fn next_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 fn hash_identity(identity: &str) -> u64 {

@@ -8,9 +8,9 @@
 //! governor's GCRA tests and updates the cell it is handed. That also answers
 //! what governor cannot do by itself:
 //!
-//! - **Warm start**: a cell holds an absolute theoretical arrival time (ns
-//!   since the Unix epoch), so a bucket starts from what Redis last reported
-//!   by writing that time into the cell, exactly, rather than pre-consuming
+//! - **Warm start**: a cell holds a theoretical arrival time on the clock
+//!   (not one relative to its limiter), so a bucket starts from what Redis
+//!   last reported by writing that time into the cell, exactly, rather than pre-consuming
 //!   units with `check_key_n` (which would forget the refill since Redis said
 //!   it and cannot express a fraction of a unit).
 //! - **All or nothing**: a set of several rules is checked under the bucket's
@@ -94,9 +94,9 @@ thread_local! {
 }
 
 /// governor's clock: the instant this thread's current check pinned, read
-/// once from the local tier's injected clock. Zero outside a check, which is
-/// when a limiter is built: its reference instant is then the Unix epoch and
-/// every cell holds an absolute time.
+/// once from the local tier's injected clock (its monotonic time). Zero
+/// outside a check, which is when a limiter is built: its reference instant
+/// is then the clock's origin, and every cell holds a time on that clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct PinnedClock;
 
@@ -116,8 +116,9 @@ fn at<T>(now_ns: u64, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// One key's GCRA state for one rule: its theoretical arrival time in ns since
-/// the Unix epoch, 0 for a key governor has not seen (a full bucket).
+/// One key's GCRA state for one rule: its theoretical arrival time in ns on
+/// the injected clock's monotonic time, 0 for a key governor has not seen (a
+/// full bucket).
 ///
 /// It is the "key" governor's keyed limiter is handed; governor asks keys to
 /// be `Clone + Eq + Hash` but never clones, compares nor hashes them here
@@ -216,17 +217,16 @@ impl RuleEngine {
     }
 }
 
-/// governor's answer for `cost` units on `tat` at `now_us`: the cell is
-/// charged when admitted.
+/// governor's answer for `cost` units on `tat` at `now_ns` (the injected
+/// clock's monotonic time): the cell is charged when admitted.
 pub(crate) fn governor_check(
     limiter: &Limiter,
     t_ns: u64,
     burst_ns: u64,
     tat: &Tat,
-    now_us: u64,
+    now_ns: u64,
     cost: u64,
 ) -> Eval {
-    let now_ns = now_us.saturating_mul(1_000);
     let outcome = u32::try_from(cost)
         .ok()
         .and_then(NonZeroU32::new)

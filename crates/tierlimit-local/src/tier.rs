@@ -107,6 +107,15 @@ pub enum LocalAnswer {
     Full,
 }
 
+/// A check's time: the injected clock's monotonic time for governor's cells
+/// and its wall clock (µs since the epoch) for the windows, which align to it
+/// like Redis' do, and for the ledger.
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    mono_ns: u64,
+    unix_us: u64,
+}
+
 /// One rule's state for one key: a governor cell or this crate's slot,
 /// whichever its [`RuleEngine`] decides with.
 #[derive(Debug)]
@@ -212,7 +221,7 @@ impl Bucket {
     }
 
     /// True when every rule is back to full and nothing is owed.
-    fn is_idle(&self, set: &RuleSet, now_us: u64) -> bool {
+    fn is_idle(&self, set: &RuleSet, now: Now) -> bool {
         let owes = self
             .rules
             .iter()
@@ -227,9 +236,9 @@ impl Bucket {
                 .zip(engine.rules.iter())
                 .zip(self.rules.iter())
                 .all(|((rule, e), r)| match (&r.state, e) {
-                    (State::Governor(tat), _) => tat.get() <= now_us.saturating_mul(1_000),
+                    (State::Governor(tat), _) => tat.get() <= now.mono_ns,
                     (State::Own(s), RuleEngine::Own(share)) => {
-                        slot::is_idle(rule, *share, *s, now_us)
+                        slot::is_idle(rule, *share, *s, now.unix_us)
                     }
                     (State::Own(_), _) => true,
                 })
@@ -242,7 +251,7 @@ impl Bucket {
 fn check_exclusive(
     engine: &SetEngine,
     rules: &mut [RuleState],
-    now_us: u64,
+    now: Now,
     cost: u64,
     evals: &mut [Eval; MAX_RULES],
 ) -> bool {
@@ -260,10 +269,10 @@ fn check_exclusive(
                 State::Governor(tat),
             ) => {
                 before[i] = tat.get();
-                governor_check(limiter, *t_ns, *burst_ns, tat, now_us, cost)
+                governor_check(limiter, *t_ns, *burst_ns, tat, now.mono_ns, cost)
             }
             (RuleEngine::Own(share), State::Own(s)) => {
-                let (eval, n) = slot::evaluate(&set_rules[i], *share, *s, now_us, cost);
+                let (eval, n) = slot::evaluate(&set_rules[i], *share, *s, now.unix_us, cost);
                 next[i] = Some(n);
                 eval
             }
@@ -369,6 +378,8 @@ pub struct LocalTier {
     ledger: Ledger,
     /// Some bucket may owe units the ledger does not hold yet.
     owing: AtomicBool,
+    /// Wall clock minus monotonic clock, in µs (wrapping); see `unix_from`.
+    unix_offset_us: AtomicU64,
     refused: AtomicU64,
     /// Which outage buckets belong to; see [`LocalTier::end_outage`].
     outage: AtomicU64,
@@ -387,7 +398,7 @@ impl LocalTier {
     /// A local tier with the given bounds and clock.
     pub fn new(config: LocalConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
-        Ok(LocalTier {
+        let tier = LocalTier {
             clock,
             buckets: BoundedMap::new(config.max_keys, config.max_bytes / 8 * 3),
             denials: BoundedMap::new(config.max_denials, config.max_bytes / 8),
@@ -395,11 +406,37 @@ impl LocalTier {
             engines: DashMap::new(),
             ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
             owing: AtomicBool::new(false),
+            unix_offset_us: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
             settle_until_us: AtomicU64::new(0),
             expiries: std::array::from_fn(|_| AtomicU64::new(0)),
-        })
+        };
+        tier.sync_clocks(tier.now());
+        Ok(tier)
+    }
+
+    fn mono_ns(&self) -> u64 {
+        u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono_ns: self.mono_ns(),
+            unix_us: self.clock.unix_micros(),
+        }
+    }
+
+    /// The wall clock at `mono_ns`, from the offset between the clocks last
+    /// measured (at construction and each prune): for the times the ledger
+    /// keeps, without a second clock read on a check's fast path.
+    fn unix_from(&self, mono_ns: u64) -> u64 {
+        (mono_ns / 1_000).wrapping_add(self.unix_offset_us.load(Ordering::Relaxed))
+    }
+
+    fn sync_clocks(&self, now: Now) {
+        let offset = now.unix_us.wrapping_sub(now.mono_ns / 1_000);
+        self.unix_offset_us.store(offset, Ordering::Relaxed);
     }
 
     /// Counts one more denial expiring at `until_us`; true when that
@@ -446,8 +483,8 @@ impl LocalTier {
     /// answers its denial when that bucket has no room, so Redis is not asked
     /// (the caller asks Redis when this is `None`). Free otherwise.
     pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
-        let now = self.clock.unix_micros();
-        if now >= self.settle_until_us.load(Ordering::Relaxed) {
+        let now = self.now();
+        if now.unix_us >= self.settle_until_us.load(Ordering::Relaxed) {
             return None;
         }
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
@@ -495,9 +532,9 @@ impl LocalTier {
     }
 
     /// Fresh states for a key, from its warm seed when Redis reported one.
-    fn fresh_states(&self, key: &LocalKey, engine: &SetEngine, now: u64) -> Vec<State> {
+    fn fresh_states(&self, key: &LocalKey, engine: &SetEngine, now: Now) -> Vec<State> {
         let set = key.set();
-        let seeds = self.warm_seeds(key, set.rules().len(), now);
+        let seeds = self.warm_seeds(key, set.rules().len(), now.unix_us);
         set.rules()
             .iter()
             .zip(engine.rules.iter())
@@ -508,15 +545,23 @@ impl LocalTier {
                 match e {
                     RuleEngine::Governor { t_ns, .. } => {
                         State::Governor(Tat::new(seed.map_or(0, |(remaining, seen_at)| {
+                            // Where the cell was when Redis said it, on the
+                            // monotonic clock; refill since then accrues.
                             let used = slot::used_at_seed(share, remaining, engine.instances);
-                            seen_at
-                                .saturating_mul(1_000)
+                            let age_ns = now.unix_us.saturating_sub(seen_at).saturating_mul(1_000);
+                            now.mono_ns
+                                .saturating_sub(age_ns)
                                 .saturating_add(used.saturating_mul(*t_ns))
+                                .max(1)
                         })))
                     }
-                    RuleEngine::Own(share) => {
-                        State::Own(slot::fresh(rule, *share, now, seed, engine.instances))
-                    }
+                    RuleEngine::Own(share) => State::Own(slot::fresh(
+                        rule,
+                        *share,
+                        now.unix_us,
+                        seed,
+                        engine.instances,
+                    )),
                 }
             })
             .collect()
@@ -536,7 +581,7 @@ impl LocalTier {
         instances: u64,
         record: bool,
     ) -> LocalAnswer {
-        let now = self.clock.unix_micros();
+        let mono_ns = self.mono_ns();
         let outage = self.outage.load(Ordering::Relaxed);
         let probe = Probe {
             set,
@@ -562,13 +607,17 @@ impl LocalTier {
                 ],
             ) = (&*engine.rules, &*bucket.rules)
         {
-            let eval = governor_check(limiter, *t_ns, *burst_ns, tat, now, cost);
+            let eval = governor_check(limiter, *t_ns, *burst_ns, tat, mono_ns, cost);
             if eval.ok && record && set.reconciles(0) {
-                owed.add(cost, now);
+                owed.add(cost, self.unix_from(mono_ns));
                 self.mark_owing();
             }
             return LocalAnswer::Decided(decide(set, &[eval], eval.ok));
         }
+        let now = Now {
+            mono_ns,
+            unix_us: self.clock.unix_micros(),
+        };
         let engine = self.engine(set, instances);
         let make = |key: &LocalKey| Bucket {
             rules: self
@@ -605,7 +654,7 @@ impl LocalTier {
         let mut evals = [Eval::EMPTY; MAX_RULES];
         let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
         if allowed && record {
-            self.owe(bucket.key(), &bucket.rules, cost, now);
+            self.owe(bucket.key(), &bucket.rules, cost, now.unix_us);
         }
         drop(bucket);
         LocalAnswer::Decided(decide(set, &evals[..set.rules().len()], allowed))
@@ -855,9 +904,10 @@ impl LocalTier {
     /// allocator.
     pub fn prune(&self) {
         self.move_all_owed();
-        let now = self.clock.unix_micros();
+        let now = self.now();
+        self.sync_clocks(now);
         let outage = self.outage.load(Ordering::Relaxed);
-        let settling = now < self.settle_until_us.load(Ordering::Relaxed);
+        let settling = now.unix_us < self.settle_until_us.load(Ordering::Relaxed);
         self.buckets.retain(|key, b| {
             let owes = b
                 .rules
@@ -866,8 +916,8 @@ impl LocalTier {
             owes || ((b.outage == outage || (settling && b.outage + 1 == outage))
                 && !b.is_idle(key.set(), now))
         });
-        self.denials.retain(|_, d| d.retry_until_us > now);
-        self.warm.retain(|_, w| w.expires_us > now);
+        self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
+        self.warm.retain(|_, w| w.expires_us > now.unix_us);
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
     }
 

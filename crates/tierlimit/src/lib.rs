@@ -55,8 +55,10 @@
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade (install any
-//! recorder; none is forced). Every metric is described (help text and unit)
-//! when a limiter is built. Series of one limiter carry the label `limiter`
+//! recorder; none is forced). Install it before the limiter's first check:
+//! the decision counters' handles are taken once per thread and rule set,
+//! from the recorder installed then, so a check never builds labels. Every
+//! metric is described (help text and unit) when a limiter is built. Series of one limiter carry the label `limiter`
 //! (its [name](HybridLimiterBuilder::name), by default its group), so two
 //! limiters in one process keep apart. Labels are bounded: never a key.
 //!

@@ -6,10 +6,14 @@
 //! limiter's name, the rule set's name (names are few and chosen by the
 //! programmer, never by a client), the tier, the outcome. Never a key.
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use metrics::{SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram};
-use tierlimit_core::{Decision, RuleSet};
+use metrics::{
+    Counter, SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+};
+use tierlimit_core::{Decision, RuleSet, Tier};
 
 use crate::breaker::BreakerState;
 
@@ -151,29 +155,90 @@ pub(crate) fn ledger_lost(units: u64) {
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
     limiter: SharedString,
+    /// Unique per limiter (clones share it): half of a decision cache key.
+    id: u64,
+}
+
+const TIERS: [Tier; 5] = [
+    Tier::Redis,
+    Tier::Local,
+    Tier::DenyCache,
+    Tier::FailOpen,
+    Tier::FailClosed,
+];
+
+/// One rule set's decision counters for one limiter: per tier, allowed and denied.
+#[derive(Debug)]
+struct DecisionCounters {
+    limiter: u64,
+    set: u64,
+    counters: [[Counter; 2]; TIERS.len()],
+}
+
+/// Per-thread slots of recently used decision counters, indexed by rule set
+/// id: a check finds its counter without building labels or asking the
+/// recorder (which allocates and hashes the labels every time). A slot holds
+/// one (limiter, set) at a time; another one taking it costs one rebuild.
+const CACHED_SETS: usize = 64;
+
+thread_local! {
+    static DECISION_COUNTERS: RefCell<[Option<Box<DecisionCounters>>; CACHED_SETS]> =
+        const { RefCell::new([const { None }; CACHED_SETS]) };
 }
 
 impl Labels {
     pub(crate) fn new(name: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Labels {
             limiter: SharedString::from(Arc::<str>::from(name)),
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    fn decision_counters(&self, set: &RuleSet) -> DecisionCounters {
+        let name = SharedString::from(Arc::<str>::from(set.name()));
+        DecisionCounters {
+            limiter: self.id,
+            set: set.id(),
+            counters: TIERS.map(|tier| {
+                ["allowed", "denied"].map(|outcome| {
+                    counter!(
+                        DECISIONS,
+                        "limiter" => self.limiter.clone(),
+                        "set" => name.clone(),
+                        "tier" => tier.as_str(),
+                        "outcome" => outcome
+                    )
+                })
+            }),
         }
     }
 
     pub(crate) fn decision(&self, set: &RuleSet, decision: &Decision) {
-        let outcome = if decision.allowed {
-            "allowed"
-        } else {
-            "denied"
+        let outcome = usize::from(!decision.allowed);
+        let Some(tier) = TIERS.iter().position(|t| *t == decision.tier) else {
+            counter!(
+                DECISIONS,
+                "limiter" => self.limiter.clone(),
+                "set" => set.name().to_owned(),
+                "tier" => decision.tier.as_str(),
+                "outcome" => ["allowed", "denied"][outcome]
+            )
+            .increment(1);
+            return;
         };
-        counter!(
-            DECISIONS,
-            "limiter" => self.limiter.clone(),
-            "set" => set.name().to_owned(),
-            "tier" => decision.tier.as_str(),
-            "outcome" => outcome
-        )
-        .increment(1);
+        let slot = (set.id() % CACHED_SETS as u64) as usize;
+        DECISION_COUNTERS.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let cached = &mut cache[slot];
+            match cached {
+                Some(c) if c.limiter == self.id && c.set == set.id() => {}
+                _ => *cached = Some(Box::new(self.decision_counters(set))),
+            }
+            if let Some(c) = cached {
+                c.counters[tier][outcome].increment(1);
+            }
+        });
     }
 
     pub(crate) fn redis_call(&self, seconds: f64) {
