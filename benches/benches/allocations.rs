@@ -117,8 +117,10 @@ fn main() {
 
     // The local tier, breaker Open.
     {
-        let mut local = LocalConfig::default();
-        local.max_keys = 2 * local_n as usize + 10;
+        let local = LocalConfig {
+            max_keys: 2 * local_n as usize + 10,
+            ..LocalConfig::default()
+        };
         let limiter = tripped_limiter(&rt, local);
         let set = generous_set("fallback", 1).with_policy(Policy::LocalFallback);
         let gov = RateLimiter::keyed(generous_quota());

@@ -170,10 +170,14 @@ fn keys(n: usize) -> Vec<String> {
 /// A tripped limiter whose local tier holds `n` keys with room to spare (the
 /// default bounds refuse new keys long before a million).
 fn limiter(rt: &Runtime, n: usize) -> HybridLimiter {
-    let mut local = LocalConfig::default();
-    local.max_keys = (2 * n).max(local.max_keys);
-    local.max_ledger_entries = (2 * n).max(local.max_ledger_entries);
-    local.max_bytes = local.max_bytes.max(n.saturating_mul(4 << 10));
+    let default = LocalConfig::default();
+    let local = LocalConfig {
+        max_keys: (2 * n).max(default.max_keys),
+        max_ledger_entries: (2 * n).max(default.max_ledger_entries),
+        // A bound, not an allocation: 4 KiB a key is far above what one takes.
+        max_bytes: default.max_bytes.max(n.saturating_mul(4 << 10)),
+        ..default
+    };
     tripped_limiter(rt, local)
 }
 
@@ -254,7 +258,7 @@ fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
