@@ -32,6 +32,10 @@ fn main() {
     let big = if harness.quick() { 10_000 } else { 1_000_000 };
 
     for n in [1, 1_000, big] {
+        let id = format!("fallback/{}", keys_id(n));
+        if !harness.wants(&id) {
+            continue;
+        }
         let keys = keys(n);
         let limiter = limiter(&rt, n);
         let set = generous_set("fallback", 1).with_policy(Policy::LocalFallback);
@@ -41,7 +45,7 @@ fn main() {
             assert!(gov.check_key(key).is_ok(), "governor admits a fresh key");
         }
         let mut case = Case::new(
-            &format!("fallback/{}", keys_id(n)),
+            &id,
             &format!("LocalFallback, {}, 1 thread", keys_text(n)),
             "HybridLimiter::check (Open, LocalFallback)",
             "governor check_key",
@@ -68,6 +72,10 @@ fn main() {
         (Policy::FailClosed, Tier::FailClosed, false),
     ] {
         for n in [1, 1_000] {
+            let id = format!("{}/{}", policy.as_str(), keys_id(n));
+            if !harness.wants(&id) {
+                continue;
+            }
             let keys = keys(n);
             let limiter = limiter(&rt, n);
             let set = generous_set("policy", 1).with_policy(policy);
@@ -76,10 +84,9 @@ fn main() {
                 expect(&limiter, key, &set, tier, allowed);
                 assert!(gov.check_key(key).is_ok(), "governor admits a fresh key");
             }
-            let name = policy.as_str();
             harness.compare(
                 Case::new(
-                    &format!("{name}/{}", keys_id(n)),
+                    &id,
                     &format!("{policy:?}, {}, 1 thread", keys_text(n)),
                     &format!("HybridLimiter::check (Open, {policy:?})"),
                     "governor check_key",
@@ -96,7 +103,7 @@ fn main() {
     }
 
     // The deny path: one key whose only unit (1 per hour) is spent on both sides.
-    {
+    if harness.wants("fallback-deny/1-key") {
         let keys = keys(1);
         let limiter = limiter(&rt, 1);
         let set = RuleSet::new("spent", [Rule::per_hour(1).expect("a valid rule")])
@@ -128,7 +135,7 @@ fn main() {
     }
 
     // One hot key, two threads at once on each side.
-    {
+    if harness.wants("fallback/1-key-2-threads") {
         let keys = keys(1);
         let key = &keys[0];
         let limiter = limiter(&rt, 1);

@@ -26,6 +26,12 @@
 //! `target/tierlimit-benches` at the workspace root. `benches/render.py` turns
 //! them into `BENCHMARKS.md`; `benches/run.sh` does both.
 //!
+//! # Choosing cases
+//!
+//! Arguments after `--` that are not flags filter the cases by id:
+//! `cargo bench -p tierlimit-benches --bench local -- fallback/1-key` runs the
+//! cases whose id contains `fallback/1-key` (and writes only those).
+//!
 //! # Quick mode
 //!
 //! Run without `--bench` (as `cargo test --benches` runs it), a bench takes
@@ -187,6 +193,7 @@ pub struct Harness {
     bench: String,
     quick: bool,
     sample: Duration,
+    filters: Vec<String>,
     out: Option<(PathBuf, BufWriter<File>)>,
 }
 
@@ -196,6 +203,10 @@ impl Harness {
     /// `<out>/<bench>.jsonl`; panics if it cannot.
     pub fn from_args(bench: &str) -> Harness {
         let quick = !std::env::args().any(|a| a == "--bench");
+        let filters = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with('-'))
+            .collect();
         let out = (!quick).then(|| {
             let dir = std::env::var_os("TIERLIMIT_BENCH_OUT")
                 .map(PathBuf::from)
@@ -216,8 +227,16 @@ impl Harness {
             bench: bench.into(),
             quick,
             sample: if quick { QUICK_SAMPLE } else { SAMPLE },
+            filters,
             out,
         }
+    }
+
+    /// True when case `id` is to run: no filter was given, or one is part of
+    /// `id`. [`compare`](Self::compare) skips the others by itself; a bench
+    /// asks first only to skip an expensive set-up.
+    pub fn wants(&self, id: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| id.contains(f.as_str()))
     }
 
     /// True in quick mode: a bench may shrink its largest cases.
@@ -225,7 +244,8 @@ impl Harness {
         self.quick
     }
 
-    /// Measures `a` against `b`, alternately, and records the result.
+    /// Measures `a` against `b`, alternately, and records the result; `None`
+    /// when a filter leaves the case out.
     ///
     /// Each side is called with a number of operations to perform and returns
     /// how long they took (so a side times only what it means to measure, and
@@ -237,7 +257,10 @@ impl Harness {
         case: Case,
         mut a: impl FnMut(u64) -> Duration,
         mut b: impl FnMut(u64) -> Duration,
-    ) -> Paired {
+    ) -> Option<Paired> {
+        if !self.wants(&case.id) {
+            return None;
+        }
         let ops = match case.ops {
             Some(ops) if !self.quick => {
                 a(ops);
@@ -300,7 +323,7 @@ impl Harness {
             "a_ns": paired.a_ns.json(),
             "b_ns": paired.b_ns.json(),
         }));
-        paired
+        Some(paired)
     }
 
     /// Writes one result line (with `"bench"` added) unless in quick mode.
@@ -359,22 +382,25 @@ mod tests {
             bench: "test".into(),
             quick: true,
             sample: QUICK_SAMPLE,
+            filters: vec![],
             out: None,
         };
         let case = Case::new("alternation", "A then B", "a", "b")
             .ops(10)
             .pairs(2);
-        let paired = harness.compare(
-            case,
-            |_| {
-                calls.borrow_mut().push('a');
-                Duration::from_nanos(300)
-            },
-            |_| {
-                calls.borrow_mut().push('b');
-                Duration::from_nanos(100)
-            },
-        );
+        let paired = harness
+            .compare(
+                case,
+                |_| {
+                    calls.borrow_mut().push('a');
+                    Duration::from_nanos(300)
+                },
+                |_| {
+                    calls.borrow_mut().push('b');
+                    Duration::from_nanos(100)
+                },
+            )
+            .expect("no filter");
         // One unmeasured run each, then MIN_PAIRS pairs, A first in each.
         let expected: String = "ab".repeat(1 + MIN_PAIRS);
         assert_eq!(calls.borrow().iter().collect::<String>(), expected);
