@@ -33,6 +33,162 @@ def load(results_dir):
     return records
 
 
+def floor_line(rows):
+    floors = [r for r in rows if r["kind"] == "script_floor"]
+    if not floors:
+        return []
+    u = floors[0]["usec_per_call"]
+    return [
+        f"Empty script (`{floors[0]['script']}`): {u['median']:.2f} µs per call"
+        f" ({u['min']:.2f}–{u['max']:.2f}).",
+        "",
+    ]
+
+
+def command_output(args):
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    redis = os.environ.get("TIERLIMIT_REDIS_SERVER", "redis-server")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "nproc": command_output(["nproc"]),
+        "rustc": command_output(["rustc", "--version"]),
+        "redis": command_output([redis, "--version"]),
+        "git": command_output(["git", "describe", "--always", "--dirty", "--exclude", "*"])
+        + " on "
+        + command_output(["git", "rev-parse", "--abbrev-ref", "HEAD"]),
+    }
+
+
+def ratio_verdict(r):
+    target = r.get("target_max")
+    median = r["ratio"]["median"]
+    if target is None:
+        return "(no target)"
+    if median <= target:
+        return f"met (≤ {target:.2f})"
+    return f"**MISSED**: {median:.2f} > {target:.2f}"
+
+
+def fmt_ns(ns):
+    if ns >= 10_000:
+        return f"{ns / 1000:,.1f} µs"
+    return f"{ns:,.1f} ns"
+
+
+def ratio_table(rows):
+    out = [
+        "| case | A | B | A ÷ B (median) | spread (min–max) | pairs | A per op | B per op | target |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        out.append(
+            "| {title} | {a} | {b} | **{med:.2f}** | {lo:.2f}–{hi:.2f} | {pairs} | {an} | {bn} | {verdict} |".format(
+                title=r["title"],
+                a=f"`{r['a']}`",
+                b=f"`{r['b']}`",
+                med=r["ratio"]["median"],
+                lo=r["ratio"]["min"],
+                hi=r["ratio"]["max"],
+                pairs=r["pairs"],
+                an=fmt_ns(r["a_ns"]["median"]),
+                bn=fmt_ns(r["b_ns"]["median"]),
+                verdict=ratio_verdict(r),
+            )
+        )
+    return out
+
+
+def raw_table(rows):
+    out = [
+        "| bench | case | ops per sample | A ns/op: median (min–max) | B ns/op: median (min–max) | per-pair ratios |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        a, b = r["a_ns"], r["b_ns"]
+        out.append(
+            f"| {r['bench']} | `{r['id']}` | {r['ops_per_sample']:,} "
+            f"| {a['median']:,.1f} ({a['min']:,.1f}–{a['max']:,.1f}) "
+            f"| {b['median']:,.1f} ({b['min']:,.1f}–{b['max']:,.1f}) "
+            f"| {', '.join(f'{x:.2f}' for x in r['ratios'])} |"
+        )
+    return out
+
+
+def alloc_table(rows):
+    out = [
+        "| path | `HybridLimiter::check` allocs / bytes | layer under it | its allocs / bytes | facade's own share: allocs / bytes |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        f = r["facade"]
+        u = r.get("under")
+        if u:
+            under = f"`{u['what']}`"
+            under_nums = f"{u['allocs']:.1f} / {u['bytes']:,.0f}"
+            share = f"{f['allocs'] - u['allocs']:.1f} / {f['bytes'] - u['bytes']:,.0f}"
+        else:
+            under, under_nums, share = "none", "–", f"{f['allocs']:.1f} / {f['bytes']:,.0f}"
+        out.append(
+            f"| {r['title']} | {f['allocs']:.1f} / {f['bytes']:,.0f} | {under} | {under_nums} | {share} |"
+        )
+    return out
+
+
+def script_table(rows):
+    by = {(r["algorithm"], r["rules"]): r for r in rows}
+    out = [
+        "| algorithm | 1 rule: µs per call (min–max) | ÷ empty script (min–max) | 3 rules: µs per call (min–max) | ÷ empty script (min–max) | rounds × calls |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    algorithms = []
+    for r in rows:
+        if r["algorithm"] not in algorithms:
+            algorithms.append(r["algorithm"])
+    for alg in algorithms:
+        cells = [f"`{alg}`"]
+        detail = ""
+        for rules in (1, 3):
+            r = by.get((alg, rules))
+            if r is None:
+                cells += ["–", "–"]
+                continue
+            u, f = r["usec_per_call"], r["per_empty_script"]
+            cells.append(f"{u['median']:.2f} ({u['min']:.2f}–{u['max']:.2f})")
+            cells.append(f"**{f['median']:.1f}** ({f['min']:.1f}–{f['max']:.1f})")
+            detail = f"{r['rounds']} × {r['calls_per_round']:,}"
+        cells.append(detail)
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def floor_line(rows):
+    floors = [r for r in rows if r["kind"] == "script_floor"]
+    if not floors:
+        return []
+    u = floors[0]["usec_per_call"]
+    return [
+        f"Empty script (`{floors[0]['script']}`): {u['median']:.2f} µs per call"
+        f" ({u['min']:.2f}–{u['max']:.2f}).",
+        "",
+    ]
+
+
 def command_output(args):
     try:
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -293,8 +449,12 @@ def main():
         " RESETSTAT`: Redis' own time in the check script, per call, through"
         " `RedisTier::check`. Each round: 200 fresh keys × 10 checks, all admitted"
         " (1 rule: 1,000/min; 3 rules: 100/s, 500/min, 1,000/h, all of the row's"
-        " algorithm); rounds go through every case in turn; median over the rounds.",
+        " algorithm); rounds go through every case in turn; median over the rounds."
+        " Server time is absolute, so each round also times an empty script"
+        " (`return 1`) on the same server, and each case is divided by its round's"
+        " floor: that ratio carries from one machine to another.",
         "",
+        *floor_line(records["script_cost"]),
         *script_table([r for r in records["script_cost"] if r["kind"] == "script_cost"]),
         "",
         "## Raw medians",

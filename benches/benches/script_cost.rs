@@ -1,12 +1,14 @@
-//! Script cost: server time per check (`usec_per_call` of EVALSHA in `INFO commandstats`, after `CONFIG RESETSTAT`) of the check script for each algorithm, with one rule and with three rules of that algorithm.
+//! Script cost: server time per check (`usec_per_call` of EVALSHA in `INFO commandstats`, after `CONFIG RESETSTAT`) of the check script for each algorithm, one rule and three, against an empty script's on the same server.
 //!
 //! Each measurement is 2,000 `RedisTier::check` calls on a private
 //! `redis-server`: 200 fresh keys, 10 checks each, all admitted (one rule: 1,000
 //! per minute; three rules: 100 per second, 500 per minute, 1,000 per hour, the
 //! sliding log's limit being at most 1,000). The number is Redis' own time in
-//! the command, not a ratio: it does not depend on this process. Rounds go
-//! through every case in turn, and each case's median over the rounds is
-//! reported with its spread.
+//! the command, so it does not depend on this process; to make it comparable
+//! across machines each round also measures an empty script (`return 1`, the
+//! floor of any EVALSHA) on the same server, and the report divides by it.
+//! Rounds go through every case in turn, and each case's median over the
+//! rounds is reported with its spread.
 
 use redis::aio::MultiplexedConnection;
 use tierlimit::{Algorithm, Rule, RuleSet};
@@ -45,10 +47,36 @@ fn main() {
     rt.block_on(tier.check("warm", &cases[0].2, 1))
         .expect("Redis answers");
 
+    let empty: String = rt.block_on(async {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg("return 1")
+            .query_async(&mut admin)
+            .await
+            .expect("SCRIPT LOAD failed")
+    });
+    let calls = keys * per_key;
+
     let mut usec: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut floor = Vec::new();
     for round in 0..rounds {
+        let (n, per_call) = rt.block_on(async {
+            query(&mut admin, redis::cmd("CONFIG").arg("RESETSTAT")).await;
+            for _ in 0..calls {
+                let one: i64 = redis::cmd("EVALSHA")
+                    .arg(&empty)
+                    .arg(0)
+                    .query_async(&mut admin)
+                    .await
+                    .expect("EVALSHA of the empty script failed");
+                assert_eq!(one, 1);
+            }
+            evalsha_stats(&mut admin).await
+        });
+        assert_eq!(n, calls as u64, "EVALSHA calls counted");
+        floor.push(per_call);
         for (i, (alg, rules, set)) in cases.iter().enumerate() {
-            let (calls, per_call) = rt.block_on(async {
+            let (counted, per_call) = rt.block_on(async {
                 query(&mut admin, redis::cmd("CONFIG").arg("RESETSTAT")).await;
                 for k in 0..keys {
                     let key = format!("r{round}:k{k}");
@@ -59,27 +87,48 @@ fn main() {
                 }
                 evalsha_stats(&mut admin).await
             });
-            let expected = (keys * per_key) as u64;
             assert_eq!(
-                calls, expected,
+                counted, calls as u64,
                 "EVALSHA calls counted: a reload or a retry would skew usec_per_call"
             );
             usec[i].push(per_call);
         }
     }
+    let floor_rounds = floor;
+    let floor = Spread::of(&floor_rounds).expect("at least one round");
+    println!(
+        "script_cost/empty: {:.2} us per call [{:.2}-{:.2}] over {rounds} rounds",
+        floor.median, floor.min, floor.max
+    );
+    harness.record(serde_json::json!({
+        "kind": "script_floor",
+        "script": "return 1",
+        "rounds": rounds,
+        "calls_per_round": calls,
+        "usec_per_call": { "median": floor.median, "min": floor.min, "max": floor.max },
+    }));
     for ((alg, rules, _), samples) in cases.iter().zip(&usec) {
         let s = Spread::of(samples).expect("at least one round");
+        // Each round's cost over the same round's floor: a ratio of two things
+        // measured on the same server moments apart.
+        let per_floor: Vec<f64> = samples
+            .iter()
+            .zip(&floor_rounds)
+            .map(|(u, f)| u / f)
+            .collect();
+        let r = Spread::of(&per_floor).expect("at least one round");
         println!(
-            "script_cost/{alg:?}/{rules}: {:.2} us per call [{:.2}-{:.2}] over {rounds} rounds",
-            s.median, s.min, s.max
+            "script_cost/{alg:?}/{rules}: {:.2} us per call [{:.2}-{:.2}] over {rounds} rounds, {:.1}x the empty script [{:.1}-{:.1}]",
+            s.median, s.min, s.max, r.median, r.min, r.max
         );
         harness.record(serde_json::json!({
             "kind": "script_cost",
             "algorithm": format!("{alg:?}"),
             "rules": rules,
             "rounds": rounds,
-            "calls_per_round": keys * per_key,
+            "calls_per_round": calls,
             "usec_per_call": { "median": s.median, "min": s.min, "max": s.max },
+            "per_empty_script": { "median": r.median, "min": r.min, "max": r.max },
         }));
     }
 }
