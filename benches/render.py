@@ -3,8 +3,9 @@
 
 usage: render.py RESULTS_DIR OUTPUT_MD [--seconds N]
 
-RESULTS_DIR holds <bench>.jsonl files and commands.txt (the commands that
-produced them), both written by benches/run.sh; the machine is described from
+RESULTS_DIR holds <bench>.jsonl files, commands.txt (the commands that
+produced them) and git.txt (the commit they measured), all written by
+benches/run.sh; the machine is described from
 this machine (it is the one the benches just ran on). Standard library only.
 """
 
@@ -69,9 +70,6 @@ def machine():
         "nproc": command_output(["nproc"]),
         "rustc": command_output(["rustc", "--version"]),
         "redis": command_output([redis, "--version"]),
-        "git": command_output(["git", "describe", "--always", "--dirty", "--exclude", "*"])
-        + " on "
-        + command_output(["git", "rev-parse", "--abbrev-ref", "HEAD"]),
     }
 
 
@@ -202,6 +200,8 @@ def main():
     output = args.output
     info = machine()
     info["seconds"] = args.seconds
+    git_file = Path(args.results_dir) / "git.txt"
+    info["git"] = git_file.read_text().strip() if git_file.exists() else "unknown"
     commands_file = Path(args.results_dir) / "commands.txt"
     info["commands"] = (
         commands_file.read_text().splitlines() if commands_file.exists() else []

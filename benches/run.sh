@@ -18,6 +18,14 @@ rm -rf "$out"
 mkdir -p "$out"
 export TIERLIMIT_BENCH_OUT=$out
 
+# The commit measured; "modified" when the code differs from it (the report
+# itself does not count).
+git_state=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)BENCHMARKS.md' 2>/dev/null)" ]; then
+    git_state="$git_state with uncommitted changes"
+fi
+echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)" > "$out/git.txt"
+
 # Build first, so the bench time below is the benches' alone.
 cargo bench -p tierlimit-benches --no-run
 
