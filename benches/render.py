@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Renders BENCHMARKS.md from the benches' JSON lines (see benches/src/lib.rs).
+
+usage: render.py RESULTS_DIR OUTPUT_MD [--seconds N]
+
+RESULTS_DIR holds <bench>.jsonl files, commands.txt (the commands that
+produced them) and git.txt (the commit they measured), all written by
+benches/run.sh; the machine is described from
+this machine (it is the one the benches just ran on). Standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHES = ["local", "breaker", "allocations", "script_cost"]
+
+
+def load(results_dir):
+    records = {b: [] for b in BENCHES}
+    for bench in BENCHES:
+        path = Path(results_dir) / f"{bench}.jsonl"
+        if not path.exists():
+            sys.exit(f"render.py: {path} is missing: did `cargo bench --bench {bench}` run?")
+        for line in path.read_text().splitlines():
+            if line.strip():
+                records[bench].append(json.loads(line))
+        if not records[bench]:
+            sys.exit(f"render.py: {path} is empty: the bench did not finish")
+    return records
+
+
+def floor_line(rows):
+    floors = [r for r in rows if r["kind"] == "script_floor"]
+    if not floors:
+        return []
+    u = floors[0]["usec_per_call"]
+    return [
+        f"Empty script (`{floors[0]['script']}`): {u['median']:.2f} µs per call"
+        f" ({u['min']:.2f}–{u['max']:.2f}).",
+        "",
+    ]
+
+
+def command_output(args):
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    redis = os.environ.get("TIERLIMIT_REDIS_SERVER", "redis-server")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "nproc": command_output(["nproc"]),
+        "rustc": command_output(["rustc", "--version"]),
+        "redis": command_output([redis, "--version"]),
+    }
+
+
+def ratio_verdict(r):
+    target = r.get("target_max")
+    median = r["ratio"]["median"]
+    if target is None:
+        return "(no target)"
+    if median <= target:
+        return f"met (≤ {target:.2f})"
+    return f"**MISSED**: {median:.2f} > {target:.2f}"
+
+
+def fmt_ns(ns):
+    if ns >= 10_000:
+        return f"{ns / 1000:,.1f} µs"
+    return f"{ns:,.1f} ns"
+
+
+def ratio_table(rows):
+    out = [
+        "| case | A | B | A ÷ B (median) | spread (min–max) | pairs | A per op | B per op | target |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        out.append(
+            "| {title} | {a} | {b} | **{med:.2f}** | {lo:.2f}–{hi:.2f} | {pairs} | {an} | {bn} | {verdict} |".format(
+                title=r["title"],
+                a=f"`{r['a']}`",
+                b=f"`{r['b']}`",
+                med=r["ratio"]["median"],
+                lo=r["ratio"]["min"],
+                hi=r["ratio"]["max"],
+                pairs=r["pairs"],
+                an=fmt_ns(r["a_ns"]["median"]),
+                bn=fmt_ns(r["b_ns"]["median"]),
+                verdict=ratio_verdict(r),
+            )
+        )
+    return out
+
+
+def raw_table(rows):
+    out = [
+        "| bench | case | ops per sample | A ns/op: median (min–max) | B ns/op: median (min–max) | per-pair ratios |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        a, b = r["a_ns"], r["b_ns"]
+        out.append(
+            f"| {r['bench']} | `{r['id']}` | {r['ops_per_sample']:,} "
+            f"| {a['median']:,.1f} ({a['min']:,.1f}–{a['max']:,.1f}) "
+            f"| {b['median']:,.1f} ({b['min']:,.1f}–{b['max']:,.1f}) "
+            f"| {', '.join(f'{x:.2f}' for x in r['ratios'])} |"
+        )
+    return out
+
+
+def alloc_table(rows):
+    out = [
+        "| path | `HybridLimiter::check` allocs / bytes | layer under it | its allocs / bytes | facade's own share: allocs / bytes |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        f = r["facade"]
+        u = r.get("under")
+        if u:
+            under = f"`{u['what']}`"
+            under_nums = f"{u['allocs']:.1f} / {u['bytes']:,.0f}"
+            share = f"{f['allocs'] - u['allocs']:.1f} / {f['bytes'] - u['bytes']:,.0f}"
+        else:
+            under, under_nums, share = "none", "–", f"{f['allocs']:.1f} / {f['bytes']:,.0f}"
+        out.append(
+            f"| {r['title']} | {f['allocs']:.1f} / {f['bytes']:,.0f} | {under} | {under_nums} | {share} |"
+        )
+    return out
+
+
+def script_table(rows):
+    by = {(r["algorithm"], r["rules"]): r for r in rows}
+    out = [
+        "| algorithm | 1 rule: µs per call (min–max) | ÷ empty script (min–max) | 3 rules: µs per call (min–max) | ÷ empty script (min–max) | rounds × calls |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    algorithms = []
+    for r in rows:
+        if r["algorithm"] not in algorithms:
+            algorithms.append(r["algorithm"])
+    for alg in algorithms:
+        cells = [f"`{alg}`"]
+        detail = ""
+        for rules in (1, 3):
+            r = by.get((alg, rules))
+            if r is None:
+                cells += ["–", "–"]
+                continue
+            u, f = r["usec_per_call"], r["per_empty_script"]
+            cells.append(f"{u['median']:.2f} ({u['min']:.2f}–{u['max']:.2f})")
+            cells.append(f"**{f['median']:.1f}** ({f['min']:.1f}–{f['max']:.1f})")
+            detail = f"{r['rounds']} × {r['calls_per_round']:,}"
+        cells.append(detail)
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def missed_why(r, allocs):
+    """What the numbers say about a missed target: the extra time, and for the
+    local path the allocations per check against governor's."""
+    extra = r["a_ns"]["median"] - r["b_ns"]["median"]
+    why = f"{fmt_ns(extra)} more per check than `{r['b']}`"
+    local = allocs.get("local/existing-key")
+    if r["bench"] == "local" and local and local.get("under"):
+        f, u = local["facade"], local["under"]
+        why += (
+            f"; on a key that has a bucket the check makes {f['allocs']:.1f} allocations"
+            f" ({f['bytes']:,.0f} bytes) where `{u['what']}` makes {u['allocs']:.1f}"
+        )
+    return why
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Renders BENCHMARKS.md")
+    parser.add_argument("results_dir")
+    parser.add_argument("output")
+    parser.add_argument("--seconds", default="unknown", help="how long the benches ran")
+    args = parser.parse_args()
+    records = load(args.results_dir)
+    output = args.output
+    info = machine()
+    info["seconds"] = args.seconds
+    git_file = Path(args.results_dir) / "git.txt"
+    info["git"] = git_file.read_text().strip() if git_file.exists() else "unknown"
+    commands_file = Path(args.results_dir) / "commands.txt"
+    info["commands"] = (
+        commands_file.read_text().splitlines() if commands_file.exists() else []
+    )
+    allocs = {r["id"]: r for r in records["allocations"] if r["kind"] == "allocations"}
+    ratios = [r for b in ("local", "breaker") for r in records[b] if r["kind"] == "ratio"]
+    targets = [r for r in ratios if r.get("target_max") is not None]
+    missed = [r for r in targets if r["ratio"]["median"] > r["target_max"]]
+
+    md = []
+    md += [
+        "# Benchmarks",
+        "",
+        "Generated by `benches/run.sh` from the benches in [`benches/`](benches/);"
+        " do not edit by hand. Absolute times on these machines drift by ±30 %"
+        " between runs, so every target is a **ratio of two things measured side by"
+        " side in one run**, alternately A, B, A, B…, with the same number of"
+        " operations per sample: the median of the per-pair ratios, its spread"
+        " (smallest and largest per-pair ratio), and each side's median time per"
+        " operation. How the harness works and why it is not criterion or divan:"
+        " [`benches/src/lib.rs`](benches/src/lib.rs).",
+        "",
+        "## Machine",
+        "",
+        f"* date: {info['date']}",
+        f"* CPU: {info['cpu']} ({info['nproc']} cores online, `nproc`)",
+        f"* rustc: {info['rustc']}",
+        f"* redis-server: {info['redis']}",
+        f"* git: {info['git']}",
+        f"* total bench time: {info['seconds']} s",
+        "",
+        "## Commands",
+        "",
+        "```sh",
+        "benches/run.sh    # all of the below, then renders this file",
+        *info["commands"],
+        "```",
+        "",
+        "## Targets",
+        "",
+    ]
+    if not targets:
+        md.append("No case of this run has a target.")
+    for r in targets:
+        line = (
+            f"{r['title']}: `{r['a']}` ÷ `{r['b']}` = "
+            f"{r['ratio']['median']:.2f} (spread {r['ratio']['min']:.2f}–{r['ratio']['max']:.2f}),"
+            f" target ≤ {r['target_max']:.2f}"
+        )
+        if r in missed:
+            md.append(f"* **MISSED**: {line}. Why: {missed_why(r, allocs)}.")
+        else:
+            md.append(f"* met: {line}.")
+    md += [
+        "",
+        f"{len(targets) - len(missed)} of {len(targets)} targets met."
+        + (
+            " A missed target is reported as measured: the baseline is never tuned."
+            if missed
+            else ""
+        ),
+        "",
+        "## Local tier: `HybridLimiter::check` with the breaker Open vs bare governor",
+        "",
+        "The limiter is built against a dead loopback port with one fixed instance"
+        " (so `LocalFallback`'s share is the whole limit) and tripped before the"
+        " samples; its cool-down is an hour, so no probe runs meanwhile. Rule and"
+        " quota: 1e6 per second with a burst of `u32::MAX` on both sides (the admit"
+        " path), except the deny case (1 per hour, spent). `String` keys, built"
+        " beforehand, each already holding a bucket on both sides. governor 0.10,"
+        " `RateLimiter::keyed` (DashMap store, quanta clock), `check_key(&String)`."
+        " Checks are polled once each (they do no I/O while Open). With 2 threads,"
+        " both hammer one key at once and a time is wall time ÷ checks per thread.",
+        "",
+        *ratio_table([r for r in records["local"] if r["kind"] == "ratio"]),
+        "",
+        "## Healthy path: `HybridLimiter::check` vs `RedisTier::check`",
+        "",
+        "Same rule set (1e6/s, plus 6e7/min and 3.6e9/h for three rules), same"
+        " script, same private `redis-server` on loopback, same key, one call at a"
+        " time on one current-thread runtime. The ratio is what the facade adds to a"
+        " Redis round trip on this 2-core machine (the server shares the cores).",
+        "",
+        *ratio_table([r for r in records["breaker"] if r["kind"] == "ratio"]),
+        "",
+        "## Allocations per check",
+        "",
+        "A counting global allocator (`stats_alloc`) in the bench binary; each"
+        " figure is a total over many checks ÷ their number (allocs = `alloc` +"
+        " `realloc` calls, bytes = bytes asked for). Everything runs on one"
+        " current-thread runtime, so the Redis rows include redis-rs's connection"
+        " driver. The facade's own share is the difference to the layer under it.",
+        "",
+        *alloc_table([r for r in records["allocations"] if r["kind"] == "allocations"]),
+        "",
+        "## Script cost on the server",
+        "",
+        "`usec_per_call` of `EVALSHA` from `INFO commandstats` after `CONFIG"
+        " RESETSTAT`: Redis' own time in the check script, per call, through"
+        " `RedisTier::check`. Each round: 200 fresh keys × 10 checks, all admitted"
+        " (1 rule: 1,000/min; 3 rules: 100/s, 500/min, 1,000/h, all of the row's"
+        " algorithm); rounds go through every case in turn; median over the rounds."
+        " Server time is absolute, so each round also times an empty script"
+        " (`return 1`) on the same server, and each case is divided by its round's"
+        " floor: that ratio carries from one machine to another.",
+        "",
+        *floor_line(records["script_cost"]),
+        *script_table([r for r in records["script_cost"] if r["kind"] == "script_cost"]),
+        "",
+        "## Raw medians",
+        "",
+        "Nanoseconds per operation of each side over the pairs, and every per-pair"
+        " ratio, for the record.",
+        "",
+        *raw_table(ratios),
+        "",
+    ]
+    Path(output).write_text("\n".join(md))
+    print(f"render.py: wrote {output}: {len(targets) - len(missed)} of {len(targets)} targets met")
+
+
+if __name__ == "__main__":
+    main()

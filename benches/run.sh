@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Regenerates BENCHMARKS.md at the repository root: builds the benches in
+# release, runs each (they start their own redis-server on free loopback ports
+# and write JSON lines under the target dir), then renders the report.
+#
+#   benches/run.sh
+#
+# CARGO_TARGET_DIR is honoured; the results land in $CARGO_TARGET_DIR/tierlimit-benches
+# (default target/tierlimit-benches).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+scripts/ensure-redis
+command -v python3 >/dev/null || { echo "run.sh: python3 renders the report; install it (apt-get install -y python3)" >&2; exit 1; }
+
+out=${CARGO_TARGET_DIR:-$root/target}/tierlimit-benches
+rm -rf "$out"
+mkdir -p "$out"
+export TIERLIMIT_BENCH_OUT=$out
+
+# The commit measured; "modified" when the code differs from it (the report
+# itself does not count).
+git_state=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)BENCHMARKS.md' 2>/dev/null)" ]; then
+    git_state="$git_state with uncommitted changes"
+fi
+echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)" > "$out/git.txt"
+
+# Build first, so the bench time below is the benches' alone.
+cargo bench -p tierlimit-benches --no-run
+
+commands=()
+start=$(date +%s)
+for bench in local breaker allocations script_cost; do
+    cmd="cargo bench -p tierlimit-benches --bench $bench"
+    commands+=("$cmd")
+    echo "=== $cmd" >&2
+    $cmd
+done
+seconds=$(( $(date +%s) - start ))
+
+printf '%s\n' "${commands[@]}" > "$out/commands.txt"
+python3 benches/render.py "$out" BENCHMARKS.md --seconds "$seconds"
