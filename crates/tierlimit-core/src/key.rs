@@ -55,7 +55,7 @@ pub fn validate_key(key: &str) -> Result<()> {
 /// assert_eq!(escape_key("plain"), "plain");
 /// ```
 pub fn escape_key(key: &str) -> std::borrow::Cow<'_, str> {
-    if !key.contains(['%', '{', '}']) {
+    if !key.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
         return std::borrow::Cow::Borrowed(key);
     }
     let mut out = String::with_capacity(key.len() + 8);

@@ -94,9 +94,9 @@ thread_local! {
 }
 
 /// governor's clock: the instant this thread's current check pinned, read
-/// once from the local tier's injected clock (its monotonic time). Zero
-/// outside a check, which is when a limiter is built: its reference instant
-/// is then the clock's origin, and every cell holds a time on that clock.
+/// once from the local tier's injected clock (its monotonic time). A limiter
+/// is built at 0: its reference instant is the clock's origin, and every cell
+/// holds a time on that clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct PinnedClock;
 
@@ -108,12 +108,11 @@ impl GovernorClock for PinnedClock {
     }
 }
 
-/// Runs `f` with governor's clock reading `now_ns`.
+/// Runs `f` with governor's clock reading `now_ns` (it keeps reading it
+/// until the next call: only calls through here read it).
 fn at<T>(now_ns: u64, f: impl FnOnce() -> T) -> T {
     NOW_NS.with(|c| c.set(now_ns));
-    let out = f();
-    NOW_NS.with(|c| c.set(0));
-    out
+    f()
 }
 
 /// One key's GCRA state for one rule: its theoretical arrival time in ns on

@@ -153,8 +153,11 @@ impl Owed {
         if self.first_us.load(Ordering::Relaxed) > now_us {
             self.first_us.fetch_min(now_us, Ordering::Relaxed);
         }
+        // A plain store: a racing check may leave a time a few µs older,
+        // which changes nothing a write-back needs, for no atomic
+        // read-modify-write on every check.
         if self.last_us.load(Ordering::Relaxed) < now_us {
-            self.last_us.fetch_max(now_us, Ordering::Relaxed);
+            self.last_us.store(now_us, Ordering::Relaxed);
         }
     }
 
@@ -532,14 +535,19 @@ impl LocalTier {
     }
 
     /// Fresh states for a key, from its warm seed when Redis reported one.
-    fn fresh_states(&self, key: &LocalKey, engine: &SetEngine, now: Now) -> Vec<State> {
+    fn fresh_states<'a>(
+        &self,
+        key: &'a LocalKey,
+        engine: &'a SetEngine,
+        now: Now,
+    ) -> impl Iterator<Item = State> + 'a {
         let set = key.set();
         let seeds = self.warm_seeds(key, set.rules().len(), now.unix_us);
         set.rules()
             .iter()
             .zip(engine.rules.iter())
             .enumerate()
-            .map(|(i, (rule, e))| {
+            .map(move |(i, (rule, e))| {
                 let seed = seeds.as_ref().map(|(at, rem)| (rem[i], *at));
                 let share = Share::of(rule, engine.instances);
                 match e {
@@ -564,7 +572,6 @@ impl LocalTier {
                     )),
                 }
             })
-            .collect()
     }
 
     /// Checks `cost` units for `escaped_key` against this instance's share of
@@ -622,7 +629,6 @@ impl LocalTier {
         let make = |key: &LocalKey| Bucket {
             rules: self
                 .fresh_states(key, &engine, now)
-                .into_iter()
                 .map(|state| RuleState {
                     state,
                     owed: Owed::new(),

@@ -7,11 +7,12 @@
 //! programmer, never by a client), the tier, the outcome. Never a key.
 
 use std::cell::RefCell;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use metrics::{
-    Counter, SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+    Counter, Histogram, SharedString, Unit, counter, describe_counter, describe_gauge,
+    describe_histogram,
 };
 use tierlimit_core::{Decision, RuleSet, Tier};
 
@@ -157,6 +158,8 @@ pub(crate) struct Labels {
     limiter: SharedString,
     /// Unique per limiter (clones share it): half of a decision cache key.
     id: u64,
+    /// Taken at the first Redis call, as the decision counters are.
+    redis_call: Arc<OnceLock<Histogram>>,
 }
 
 const TIERS: [Tier; 5] = [
@@ -192,6 +195,7 @@ impl Labels {
         Labels {
             limiter: SharedString::from(Arc::<str>::from(name)),
             id: NEXT.fetch_add(1, Ordering::Relaxed),
+            redis_call: Arc::default(),
         }
     }
 
@@ -242,7 +246,9 @@ impl Labels {
     }
 
     pub(crate) fn redis_call(&self, seconds: f64) {
-        metrics::histogram!(REDIS_CALL, "limiter" => self.limiter.clone()).record(seconds);
+        self.redis_call
+            .get_or_init(|| metrics::histogram!(REDIS_CALL, "limiter" => self.limiter.clone()))
+            .record(seconds);
     }
 
     pub(crate) fn breaker_state(&self, state: BreakerState) {
