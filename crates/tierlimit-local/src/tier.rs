@@ -746,11 +746,16 @@ impl LocalTier {
     /// `escaped_key`: owed to Redis for every rule the set reconciles, like a
     /// local admission.
     pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
-        let now = self.clock.unix_micros();
+        let now = self.unix_from(self.mono_ns());
         let probe = Probe {
             set,
             key: escaped_key,
         };
+        // Owing takes atomics only: a shared guard will do for a known key.
+        if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
+            self.owe(bucket.key(), &bucket.rules, cost, now);
+            return;
+        }
         let outage = self.outage.load(Ordering::Relaxed);
         let bucket = self.buckets.get_or_try_insert_with(
             &probe as &dyn Lookup,
