@@ -11,15 +11,18 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use governor::{Quota, RateLimiter};
-use tierlimit::{BreakerState, HybridLimiter, LocalConfig, Policy, Rule, RuleSet, Tier};
+use tierlimit::{
+    BreakerState, HybridLimiter, LocalConfig, Policy, Rule, RuleSet, SystemClock, Tier,
+};
 use tierlimit_benches::{
     Case, Harness, generous_quota, generous_set, poll_ready, runtime, tripped_limiter,
 };
+use tierlimit_local::{LocalAnswer, LocalTier};
 use tokio::runtime::Runtime;
 
 /// The target of issue 10: a local check costs at most 10 % more than governor's.
@@ -65,6 +68,36 @@ fn main() {
             |ops| timed(&keys, ops, |key| drop(black_box(gov.check_key(key)))),
         );
         still_open(&limiter);
+    }
+
+    // The local tier alone, without the facade: what the bucket map and
+    // governor cost, apart from key validation, the breaker and metrics.
+    if harness.wants("tier-only/1000-keys") {
+        let keys = keys(1_000);
+        let local = LocalTier::new(LocalConfig::default(), Arc::new(SystemClock))
+            .expect("a valid local config");
+        let set = generous_set("tier", 1);
+        let gov = RateLimiter::keyed(generous_quota());
+        for key in &keys {
+            let admitted =
+                matches!(local.check(key, &set, 1, 1, true), LocalAnswer::Decided(d) if d.allowed);
+            assert!(admitted, "the local tier admits a fresh key");
+            assert!(gov.check_key(key).is_ok(), "governor admits a fresh key");
+        }
+        harness.compare(
+            Case::new(
+                "tier-only/1000-keys",
+                "the local tier alone, 1,000 keys, 1 thread",
+                "LocalTier::check (recording)",
+                "governor check_key",
+            ),
+            |ops| {
+                timed(&keys, ops, |key| {
+                    drop(black_box(local.check(key, &set, 1, 1, true)))
+                })
+            },
+            |ops| timed(&keys, ops, |key| drop(black_box(gov.check_key(key)))),
+        );
     }
 
     for (policy, tier, allowed) in [
