@@ -486,10 +486,14 @@ impl LocalTier {
     /// answers its denial when that bucket has no room, so Redis is not asked
     /// (the caller asks Redis when this is `None`). Free otherwise.
     pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
-        let now = self.now();
-        if now.unix_us >= self.settle_until_us.load(Ordering::Relaxed) {
+        let unix_us = self.clock.unix_micros();
+        if unix_us >= self.settle_until_us.load(Ordering::Relaxed) {
             return None;
         }
+        let now = Now {
+            mono_ns: self.mono_ns(),
+            unix_us,
+        };
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
         let probe = Probe {
             set,
