@@ -93,7 +93,7 @@ fn main() {
             ),
             |ops| {
                 timed(&keys, ops, |key| {
-                    drop(black_box(local.check(key, &set, 1, 1, true)))
+                    black_box(local.check(key, &set, 1, 1, true));
                 })
             },
             |ops| timed(&keys, ops, |key| drop(black_box(gov.check_key(key)))),
