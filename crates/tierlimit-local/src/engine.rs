@@ -189,7 +189,7 @@ type Limiter = RateLimiter<Tat, CellStore, PinnedClock, StateInformationMiddlewa
 #[derive(Debug)]
 pub(crate) enum RuleEngine {
     Governor {
-        limiter: Box<Limiter>,
+        limiter: Limiter,
         /// The share's emission interval and burst in ns (`t` and `t + tau`).
         t_ns: u64,
         burst_ns: u64,
@@ -206,7 +206,7 @@ impl RuleEngine {
                 // Built outside any check: the reference instant is the epoch.
                 let limiter = at(0, || RateLimiter::new(quota, CellStore, PinnedClock));
                 RuleEngine::Governor {
-                    limiter: Box::new(limiter),
+                    limiter,
                     t_ns,
                     burst_ns: t_ns.saturating_mul(share.capacity),
                 }
