@@ -103,6 +103,9 @@ pub(crate) fn render(
     partition_key: Option<&str>,
 ) {
     let reset = ceil_secs(decision.reset_after);
+    // One growth of the map instead of several (an inner response often
+    // starts with no headers at all).
+    headers.reserve(6);
     if mode.legacy() {
         headers.insert(X_LIMIT.clone(), decision.limit.into());
         headers.insert(X_REMAINING.clone(), decision.remaining.into());

@@ -208,3 +208,37 @@ impl RateLimitLayerBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierlimit::Rule;
+
+    fn limiter() -> Arc<HybridLimiter> {
+        // Never connects: build() does no I/O and these tests never check.
+        Arc::new(
+            HybridLimiter::builder()
+                .redis_url("redis://127.0.0.1:1/")
+                .build()
+                .expect("a valid limiter config"),
+        )
+    }
+
+    #[tokio::test]
+    async fn build_refuses_what_could_never_work() -> tierlimit::Result<()> {
+        let set = RuleSet::new("b", [Rule::per_minute(5)?])?;
+        let build = |f: fn(RateLimitLayerBuilder, RuleSet) -> RateLimitLayerBuilder| {
+            f(RateLimitLayer::builder(limiter()), set.clone()).build()
+        };
+        assert!(build(|b, s| b.route(Match::any("/a/*"), s, 1)).is_ok());
+        let bad_pattern = build(|b, s| b.route(Match::any("a*"), s, 1));
+        assert!(matches!(bad_pattern, Err(Error::InvalidConfig { .. })));
+        let never = build(|b, s| b.default_route(s, 6));
+        assert!(matches!(never, Err(Error::CostExceedsCapacity { .. })));
+        let fallback = build(|b, _| b.missing_key(MissingKey::Fallback("a\nb".into())));
+        assert!(matches!(fallback, Err(Error::InvalidConfig { .. })));
+        let ok_status = build(|b, _| b.fail_closed_status(StatusCode::OK));
+        assert!(matches!(ok_status, Err(Error::InvalidConfig { .. })));
+        Ok(())
+    }
+}
