@@ -304,3 +304,69 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tierlimit::{HybridLimiter, Rule, RuleSet};
+
+    use super::*;
+    use crate::headers::{HeaderMode, policy_value};
+
+    fn shared(headers: HeaderMode, fail_closed_status: StatusCode) -> Shared {
+        Shared {
+            // Never connects: build() does no I/O and nothing here checks.
+            limiter: Arc::new(
+                HybridLimiter::builder()
+                    .redis_url("redis://127.0.0.1:1/")
+                    .build()
+                    .expect("a valid limiter config"),
+            ),
+            key: Box::new(crate::GlobalKey::new("k")),
+            routes: Default::default(),
+            missing_key: MissingKey::Reject,
+            headers,
+            fail_closed_status,
+            partition_key: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn fail_closed_status_is_configurable_and_mode_none_sends_only_retry_after() {
+        let set = RuleSet::new("s", [Rule::per_minute(5).expect("valid")]).expect("valid");
+        let limit = Limit {
+            policy: policy_value(&set),
+            set,
+            cost: 1,
+        };
+        let d = Decision::denied(
+            5,
+            Duration::from_millis(1500),
+            Duration::from_millis(1500),
+            0,
+            Tier::FailClosed,
+        );
+        let shared = shared(HeaderMode::None, StatusCode::TOO_MANY_REQUESTS);
+        let r: Response<ResponseBody<()>> = denied(&shared, &limit, &d, None, false);
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[RETRY_AFTER], "2");
+        assert_eq!(
+            r.headers().len(),
+            2,
+            "content-type and retry-after only: {:?}",
+            r.headers()
+        );
+        let g: Response<ResponseBody<()>> = denied(&shared, &limit, &d, None, true);
+        assert_eq!(g.headers()["grpc-status"], "14");
+        assert_eq!(
+            g.headers()["grpc-message"],
+            "rate limiter unavailable; the request was not admitted; retry after 2 s"
+        );
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(grpc_percent_encode("100% sure\n"), "100%25 sure%0A");
+    }
+}
