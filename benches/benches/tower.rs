@@ -63,6 +63,8 @@ fn main() {
 
     for (id, mode) in [
         ("both-headers", HeaderMode::Both),
+        ("legacy-headers", HeaderMode::Legacy),
+        ("draft-headers", HeaderMode::Draft),
         ("no-headers", HeaderMode::None),
     ] {
         let layer = RateLimitLayer::builder(limiter.clone())
