@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["local", "breaker", "allocations", "script_cost"]
+BENCHES = ["local", "breaker", "allocations", "script_cost", "tower"]
 
 
 def load(results_dir):
@@ -207,7 +207,7 @@ def main():
         commands_file.read_text().splitlines() if commands_file.exists() else []
     )
     allocs = {r["id"]: r for r in records["allocations"] if r["kind"] == "allocations"}
-    ratios = [r for b in ("local", "breaker") for r in records[b] if r["kind"] == "ratio"]
+    ratios = [r for b in ("local", "breaker", "tower") for r in records[b] if r["kind"] == "ratio"]
     targets = [r for r in ratios if r.get("target_max") is not None]
     missed = [r for r in targets if r["ratio"]["median"] > r["target_max"]]
 
@@ -286,6 +286,17 @@ def main():
         " Redis round trip on this 2-core machine (the server shares the cores).",
         "",
         *ratio_table([r for r in records["breaker"] if r["kind"] == "ratio"]),
+        "",
+        "## Tower layer: `RateLimit::call` vs `HybridLimiter::check`",
+        "",
+        "The limiter of the local-tier section (breaker Open, `LocalFallback`, one"
+        " fixed instance), one key. Both sides build the same request (`GET"
+        " /api/items` with an `x-api-key` header) per operation; A passes it through"
+        " `tierlimit-tower`'s layer (route match, key extraction, the check, the"
+        " headers rendered onto the inner service's empty response), B checks the key"
+        " directly. The ratio is the layer's whole cost over the bare check.",
+        "",
+        *ratio_table([r for r in records["tower"] if r["kind"] == "ratio"]),
         "",
         "## Allocations per check",
         "",

@@ -31,7 +31,7 @@ cargo bench -p tierlimit-benches --no-run
 
 commands=()
 start=$(date +%s)
-for bench in local breaker allocations script_cost; do
+for bench in local breaker allocations script_cost tower; do
     cmd="cargo bench -p tierlimit-benches --bench $bench"
     commands+=("$cmd")
     echo "=== $cmd" >&2

@@ -1,0 +1,206 @@
+//! Rate-limit response headers, rendered from a [`Decision`].
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tierlimit::{Decision, RuleSet};
+
+/// Which rate-limit headers every checked response carries (allowed or not).
+///
+/// * [`Legacy`](Self::Legacy): `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+///   and `X-RateLimit-Reset` (seconds until the deciding rule is full again,
+///   rounded up; not a timestamp), for the rule that decided.
+/// * [`Draft`](Self::Draft): the structured fields of
+///   [draft-ietf-httpapi-ratelimit-headers-10](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/10/):
+///   `RateLimit-Policy` with one item per rule of the set, named
+///   `"<set>.<rule index>"`, with `q` (the rule's limit) and `w` (its period
+///   in seconds, rounded up), e.g.
+///   `RateLimit-Policy: "api.0";q=10;w=60, "api.1";q=100;w=3600`; and
+///   `RateLimit` with the item of the rule that decided, `r` (remaining) and
+///   `t` (seconds until it is full again, rounded up), e.g.
+///   `RateLimit: "api.0";r=7;t=42`, plus `pk` (the partition key as a byte
+///   sequence) when [`partition_key`](crate::RateLimitLayerBuilder::partition_key)
+///   is on. (-11 of May 2026 is the latest revision known; this follows -10.)
+/// * [`Both`](Self::Both) (the default) and [`None`](Self::None).
+///
+/// # One remaining count per response
+///
+/// A [`Decision`] reports the rule that decided (the one that denied, or when
+/// admitted the one with the fewest remaining), not every rule's state, so
+/// `RateLimit` carries that rule's item alone; the other rules appear in
+/// `RateLimit-Policy` only. The deciding rule is the binding one, so a client
+/// that follows it is never throttled by another; it just does not see how
+/// much the looser rules have left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderMode {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit` (draft -10).
+    Draft,
+    /// Both sets.
+    #[default]
+    Both,
+    /// No rate-limit headers (a denial still carries `Retry-After`).
+    None,
+}
+
+impl HeaderMode {
+    fn legacy(self) -> bool {
+        matches!(self, HeaderMode::Legacy | HeaderMode::Both)
+    }
+
+    fn draft(self) -> bool {
+        matches!(self, HeaderMode::Draft | HeaderMode::Both)
+    }
+}
+
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After`: whole seconds, rounded up, at least 1 (a client told 0
+/// retries at once and is denied again).
+pub(crate) fn retry_after_secs(d: &Decision) -> u64 {
+    ceil_secs(d.retry_after.unwrap_or(d.reset_after)).max(1)
+}
+
+/// `"<set>.<i>";q=<limit>;w=<period>` per rule: fixed per rule set, so
+/// rendered once when the layer is built.
+pub(crate) fn policy_value(set: &RuleSet) -> HeaderValue {
+    let mut out = String::new();
+    for (i, rule) in set.rules().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(
+            out,
+            "\"{}.{i}\";q={};w={}",
+            set.name(),
+            rule.limit(),
+            ceil_secs(rule.period()).max(1)
+        );
+    }
+    // A rule set's name is [A-Za-z0-9_.-]: always a valid header value.
+    HeaderValue::try_from(out).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Adds the headers of `mode` for `decision` on `set` to `headers`.
+pub(crate) fn render(
+    headers: &mut HeaderMap,
+    mode: HeaderMode,
+    set: &RuleSet,
+    policy: &HeaderValue,
+    decision: &Decision,
+    partition_key: Option<&str>,
+) {
+    let reset = ceil_secs(decision.reset_after);
+    // One growth of the map instead of several (an inner response often
+    // starts with no headers at all).
+    headers.reserve(6);
+    if mode.legacy() {
+        headers.insert(X_LIMIT.clone(), decision.limit.into());
+        headers.insert(X_REMAINING.clone(), decision.remaining.into());
+        headers.insert(X_RESET.clone(), reset.into());
+    }
+    if mode.draft() {
+        headers.insert(POLICY.clone(), policy.clone());
+        let mut item = format!(
+            "\"{}.{}\";r={};t={reset}",
+            set.name(),
+            decision.rule,
+            decision.remaining
+        );
+        if let Some(pk) = partition_key {
+            item.push_str(";pk=:");
+            base64(pk.as_bytes(), &mut item);
+            item.push(':');
+        }
+        if let Ok(value) = HeaderValue::try_from(item) {
+            headers.insert(RATELIMIT.clone(), value);
+        }
+    }
+}
+
+/// Standard base64 with padding (RFC 4648), as structured fields' byte
+/// sequences are written.
+fn base64(bytes: &[u8], out: &mut String) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierlimit::{Rule, Tier};
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (input, expected) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            let mut out = String::new();
+            base64(input.as_bytes(), &mut out);
+            assert_eq!(out, expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn draft_fields() -> tierlimit::Result<()> {
+        let set = RuleSet::new("api", [Rule::per_minute(10)?, Rule::per_hour(100)?])?;
+        let policy = policy_value(&set);
+        assert_eq!(policy, "\"api.0\";q=10;w=60, \"api.1\";q=100;w=3600");
+        let d = Decision::allowed(100, 7, Duration::from_millis(41_200), 1, Tier::Redis);
+        let mut headers = HeaderMap::new();
+        render(
+            &mut headers,
+            HeaderMode::Both,
+            &set,
+            &policy,
+            &d,
+            Some("ip:1"),
+        );
+        assert_eq!(headers["ratelimit"], "\"api.1\";r=7;t=42;pk=:aXA6MQ==:");
+        assert_eq!(headers["x-ratelimit-limit"], "100");
+        assert_eq!(headers["x-ratelimit-remaining"], "7");
+        assert_eq!(headers["x-ratelimit-reset"], "42");
+        Ok(())
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_at_least_one() {
+        let d = |ms| Decision::denied(1, Duration::ZERO, Duration::from_millis(ms), 0, Tier::Redis);
+        assert_eq!(retry_after_secs(&d(1)), 1);
+        assert_eq!(retry_after_secs(&d(0)), 1);
+        assert_eq!(retry_after_secs(&d(1000)), 1);
+        assert_eq!(retry_after_secs(&d(1001)), 2);
+    }
+}

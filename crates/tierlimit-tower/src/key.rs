@@ -1,0 +1,494 @@
+//! Key extractors: which rate-limit key a request counts against.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderName;
+use http::request::Parts;
+
+/// A request's key could not be used: the header that carries it is too long
+/// or holds bytes a key may not hold. The layer answers 400 (gRPC:
+/// `INVALID_ARGUMENT`), never 500.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidKey {
+    reason: &'static str,
+}
+
+impl InvalidKey {
+    /// An invalid key, for `reason` (sent to the client: never include the key).
+    pub const fn new(reason: &'static str) -> InvalidKey {
+        InvalidKey { reason }
+    }
+
+    /// Why the key was refused.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid rate-limit key: {}", self.reason)
+    }
+}
+
+impl std::error::Error for InvalidKey {}
+
+/// What a key extractor found: `Ok(Some(key))`, `Ok(None)` when the request
+/// does not carry this kind of key (the next extractor of a [`FirstOf`] is
+/// asked), or `Err` when it carries one that cannot be used (the request is
+/// refused with 400; no other extractor is asked, so a client cannot dodge
+/// its API key's limit by sending a broken one).
+pub type KeyResult = Result<Option<String>, InvalidKey>;
+
+/// Finds the rate-limit key of a request from its head (method, URI, headers,
+/// extensions). Bodies are never read.
+///
+/// Keys carry a prefix naming their kind (`api:`, `user:`, `ip:`) so an API
+/// key and a user id that happen to be equal never share a bucket.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_tower::{ClientIp, HeaderKey, KeyExtractor};
+///
+/// // API key, else user id, else the peer's IP address.
+/// let key = HeaderKey::api_key("x-api-key")
+///     .or(HeaderKey::user_id("x-user-id"))
+///     .or(ClientIp::peer());
+/// let (parts, ()) = http::Request::builder()
+///     .header("x-user-id", "42")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert_eq!(key.extract(&parts), Ok(Some("user:42".to_string())));
+/// ```
+pub trait KeyExtractor: fmt::Debug + Send + Sync + 'static {
+    /// The key of the request whose head is `parts`.
+    fn extract(&self, parts: &Parts) -> KeyResult;
+
+    /// This extractor, then `next` when this one finds no key.
+    fn or<E: KeyExtractor>(self, next: E) -> FirstOf
+    where
+        Self: Sized,
+    {
+        FirstOf::new().or(self).or(next)
+    }
+}
+
+impl KeyExtractor for Box<dyn KeyExtractor> {
+    fn extract(&self, parts: &Parts) -> KeyResult {
+        (**self).extract(parts)
+    }
+}
+
+/// The key is the value of a request header, behind a prefix: an API key or a
+/// user id set by an authenticating proxy or middleware in front.
+///
+/// A value longer than [`tierlimit_core::MAX_KEY_LEN`] or holding anything but
+/// visible ASCII and spaces is an [`InvalidKey`]; an empty value or a missing
+/// header is no key. The value is stored in Redis as part of the key: put a
+/// header that holds a secret behind a hash of your own if that matters.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_tower::{HeaderKey, KeyExtractor};
+///
+/// let key = HeaderKey::api_key("x-api-key");
+/// let long = "k".repeat(10 * 1024);
+/// let (parts, ()) = http::Request::builder()
+///     .header("x-api-key", long)
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert!(key.extract(&parts).is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    header: HeaderName,
+    prefix: &'static str,
+}
+
+impl HeaderKey {
+    /// The value of `header`, prefixed `api:`.
+    ///
+    /// # Panics
+    ///
+    /// When `header` is not a valid lowercase header name, like
+    /// [`HeaderName::from_static`].
+    pub fn api_key(header: &'static str) -> HeaderKey {
+        HeaderKey::new(header, "api:")
+    }
+
+    /// The value of `header`, prefixed `user:`.
+    ///
+    /// # Panics
+    ///
+    /// As [`api_key`](Self::api_key).
+    pub fn user_id(header: &'static str) -> HeaderKey {
+        HeaderKey::new(header, "user:")
+    }
+
+    /// The value of `header`, behind `prefix`.
+    ///
+    /// # Panics
+    ///
+    /// As [`api_key`](Self::api_key).
+    pub fn new(header: &'static str, prefix: &'static str) -> HeaderKey {
+        HeaderKey {
+            header: HeaderName::from_static(header),
+            prefix,
+        }
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    fn extract(&self, parts: &Parts) -> KeyResult {
+        let Some(value) = parts.headers.get(&self.header) else {
+            return Ok(None);
+        };
+        let bytes = value.as_bytes();
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        // Refused before anything is copied: a 10 KiB header costs no allocation.
+        if bytes.len() + self.prefix.len() > tierlimit_core::MAX_KEY_LEN {
+            return Err(InvalidKey::new("the key header is too long"));
+        }
+        if !bytes.iter().all(|&b| (0x20..0x7f).contains(&b)) {
+            return Err(InvalidKey::new(
+                "the key header holds control characters or non-ASCII bytes",
+            ));
+        }
+        let value = value
+            .to_str()
+            .map_err(|_| InvalidKey::new("the key header is not visible ASCII"))?;
+        let mut key = String::with_capacity(self.prefix.len() + value.len());
+        key.push_str(self.prefix);
+        key.push_str(value);
+        Ok(Some(key))
+    }
+}
+
+/// The peer address of a request's connection, as a request extension, for
+/// servers other than axum (with axum, enable this crate's `axum` feature and
+/// serve with `into_make_service_with_connect_info::<SocketAddr>()`: the
+/// layer reads axum's `ConnectInfo<SocketAddr>` as well).
+///
+/// # Examples
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tierlimit_tower::PeerAddr;
+///
+/// let mut request = http::Request::new(());
+/// let peer: SocketAddr = "192.0.2.7:50000".parse().unwrap();
+/// request.extensions_mut().insert(PeerAddr(peer));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The key is the client's IP address, prefixed `ip:`.
+///
+/// [`ClientIp::peer`] takes the connection's peer address (a [`PeerAddr`]
+/// extension, or with the `axum` feature axum's `ConnectInfo<SocketAddr>`).
+/// Forwarding headers (`Forwarded`, else `X-Forwarded-For`) are read only
+/// with [`ClientIp::behind_proxies`], and only when the peer is one of the
+/// trusted proxies: the address list is walked from the right (the hop the
+/// nearest proxy added), past every trusted proxy, and the first address not
+/// trusted is the client. Anyone else's forwarding header is ignored, so a
+/// client cannot pick its own key by sending one. A request without a peer
+/// address has no key.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::{IpAddr, SocketAddr};
+/// use tierlimit_tower::{ClientIp, KeyExtractor, PeerAddr};
+///
+/// let proxy: IpAddr = "10.0.0.2".parse().unwrap();
+/// let key = ClientIp::behind_proxies([proxy]);
+/// let mut request = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.9, 10.0.0.2")
+///     .body(())
+///     .unwrap();
+/// request.extensions_mut().insert(PeerAddr(SocketAddr::new(proxy, 40000)));
+/// let (parts, ()) = request.into_parts();
+/// assert_eq!(key.extract(&parts), Ok(Some("ip:198.51.100.9".to_string())));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientIp {
+    trusted: Vec<IpAddr>,
+}
+
+impl ClientIp {
+    /// The connection's peer address; forwarding headers are ignored.
+    pub fn peer() -> ClientIp {
+        ClientIp::default()
+    }
+
+    /// The connection's peer address, or when it is one of `trusted` the
+    /// client named by the forwarding headers.
+    pub fn behind_proxies(trusted: impl IntoIterator<Item = IpAddr>) -> ClientIp {
+        ClientIp {
+            trusted: trusted.into_iter().map(canonical).collect(),
+        }
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.contains(&canonical(ip))
+    }
+
+    fn forwarded_client(&self, parts: &Parts) -> Option<IpAddr> {
+        let forwarded: Vec<&str> = parts
+            .headers
+            .get_all(http::header::FORWARDED)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let hops: Vec<Option<IpAddr>> = if !forwarded.is_empty() {
+            forwarded
+                .iter()
+                .flat_map(|v| v.split(','))
+                .map(forwarded_for)
+                .collect()
+        } else {
+            parts
+                .headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(|hop| parse_ip(hop.trim()))
+                .collect()
+        };
+        let mut client = None;
+        for hop in hops.into_iter().rev() {
+            // An address a trusted proxy could not vouch for ends the walk:
+            // everything left of it was written by someone untrusted.
+            let ip = hop?;
+            client = Some(ip);
+            if !self.is_trusted(ip) {
+                break;
+            }
+        }
+        client
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    fn extract(&self, parts: &Parts) -> KeyResult {
+        let Some(peer) = peer_ip(parts) else {
+            return Ok(None);
+        };
+        let ip = if !self.trusted.is_empty() && self.is_trusted(peer) {
+            self.forwarded_client(parts).unwrap_or(peer)
+        } else {
+            peer
+        };
+        Ok(Some(format!("ip:{}", canonical(ip))))
+    }
+}
+
+/// The peer's address from a [`PeerAddr`] extension, or axum's `ConnectInfo`.
+fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+    if let Some(PeerAddr(addr)) = parts.extensions.get::<PeerAddr>() {
+        return Some(addr.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(addr)) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(addr.ip());
+    }
+    None
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`, what a dual-stack socket
+/// reports for IPv4 peers) as the IPv4 address, so one client has one key.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// An address as forwarding headers write it: bare, `ip:port`, `[v6]` or
+/// `[v6]:port`.
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    s.strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .and_then(|s| s.parse().ok())
+}
+
+/// The `for=` node of one `Forwarded` element (RFC 7239), when it is an address.
+fn forwarded_for(element: &str) -> Option<IpAddr> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("for") {
+            return None;
+        }
+        parse_ip(value.trim().trim_matches('"'))
+    })
+}
+
+/// The same key for every request: one limit shared by all clients (a
+/// global budget for an expensive endpoint).
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_tower::{GlobalKey, KeyExtractor};
+///
+/// let (parts, ()) = http::Request::new(()).into_parts();
+/// assert_eq!(GlobalKey::new("global").extract(&parts), Ok(Some("global".to_string())));
+/// ```
+#[derive(Debug, Clone)]
+pub struct GlobalKey {
+    key: String,
+}
+
+impl GlobalKey {
+    /// Every request counts against `key`.
+    pub fn new(key: impl Into<String>) -> GlobalKey {
+        GlobalKey { key: key.into() }
+    }
+}
+
+impl KeyExtractor for GlobalKey {
+    fn extract(&self, _parts: &Parts) -> KeyResult {
+        Ok(Some(self.key.clone()))
+    }
+}
+
+/// Tries extractors in order; the first key found wins. An [`InvalidKey`]
+/// from any of them ends the search (see [`KeyResult`]). Built with
+/// [`KeyExtractor::or`].
+#[derive(Debug, Default)]
+pub struct FirstOf {
+    extractors: Vec<Box<dyn KeyExtractor>>,
+}
+
+impl FirstOf {
+    /// No extractor yet: finds no key.
+    pub fn new() -> FirstOf {
+        FirstOf::default()
+    }
+
+    /// Appends `next`.
+    pub fn or<E: KeyExtractor>(mut self, next: E) -> FirstOf {
+        self.extractors.push(Box::new(next));
+        self
+    }
+}
+
+impl KeyExtractor for FirstOf {
+    fn extract(&self, parts: &Parts) -> KeyResult {
+        for extractor in &self.extractors {
+            if let Some(key) = extractor.extract(parts)? {
+                return Ok(Some(key));
+            }
+        }
+        Ok(None)
+    }
+
+    fn or<E: KeyExtractor>(self, next: E) -> FirstOf {
+        FirstOf::or(self, next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(headers: &[(&str, &str)], peer: Option<&str>) -> Parts {
+        let mut builder = http::Request::builder();
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let mut request = builder.body(()).expect("a valid request");
+        if let Some(peer) = peer {
+            let addr: SocketAddr = peer.parse().expect("a socket address");
+            request.extensions_mut().insert(PeerAddr(addr));
+        }
+        request.into_parts().0
+    }
+
+    fn seed() -> FirstOf {
+        HeaderKey::api_key("x-api-key")
+            .or(HeaderKey::user_id("x-user-id"))
+            .or(ClientIp::peer())
+    }
+
+    #[test]
+    fn api_key_beats_user_id_beats_ip() {
+        let key = seed();
+        let all = parts(
+            &[("x-api-key", "k1"), ("x-user-id", "u1")],
+            Some("192.0.2.1:1"),
+        );
+        assert_eq!(key.extract(&all), Ok(Some("api:k1".into())));
+        let user = parts(&[("x-user-id", "u1")], Some("192.0.2.1:1"));
+        assert_eq!(key.extract(&user), Ok(Some("user:u1".into())));
+        let ip = parts(&[], Some("192.0.2.1:1"));
+        assert_eq!(key.extract(&ip), Ok(Some("ip:192.0.2.1".into())));
+        assert_eq!(key.extract(&parts(&[], None)), Ok(None));
+    }
+
+    #[test]
+    fn a_bad_api_key_is_refused_not_skipped() {
+        let key = seed();
+        let long = "k".repeat(10 * 1024);
+        let p = parts(
+            &[("x-api-key", &long), ("x-user-id", "u1")],
+            Some("192.0.2.1:1"),
+        );
+        assert!(key.extract(&p).is_err());
+        let tab = parts(&[("x-api-key", "a\tb")], None);
+        assert!(key.extract(&tab).is_err());
+    }
+
+    #[test]
+    fn forwarded_headers_count_only_from_trusted_proxies() {
+        let proxy: IpAddr = "10.0.0.2".parse().expect("an address");
+        let key = ClientIp::behind_proxies([proxy]);
+        let spoofed = parts(&[("x-forwarded-for", "203.0.113.5")], Some("192.0.2.1:1"));
+        assert_eq!(key.extract(&spoofed), Ok(Some("ip:192.0.2.1".into())));
+        assert_eq!(
+            ClientIp::peer().extract(&parts(
+                &[("x-forwarded-for", "203.0.113.5")],
+                Some("10.0.0.2:1")
+            )),
+            Ok(Some("ip:10.0.0.2".into()))
+        );
+        // The client put a fake hop first; the proxy appended the real peer.
+        let via = parts(
+            &[("x-forwarded-for", "1.2.3.4, 203.0.113.5")],
+            Some("10.0.0.2:1"),
+        );
+        assert_eq!(key.extract(&via), Ok(Some("ip:203.0.113.5".into())));
+        let fwd = parts(
+            &[(
+                "forwarded",
+                "for=1.2.3.4, for=\"[2001:db8::1]:4711\";proto=https",
+            )],
+            Some("10.0.0.2:1"),
+        );
+        assert_eq!(key.extract(&fwd), Ok(Some("ip:2001:db8::1".into())));
+        let garbage = parts(&[("x-forwarded-for", "nonsense")], Some("10.0.0.2:1"));
+        assert_eq!(key.extract(&garbage), Ok(Some("ip:10.0.0.2".into())));
+        let mapped = parts(&[], Some("[::ffff:192.0.2.9]:1"));
+        assert_eq!(
+            ClientIp::peer().extract(&mapped),
+            Ok(Some("ip:192.0.2.9".into()))
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! Which rule set and cost a request is checked against.
+
+use http::{HeaderValue, Method};
+use tierlimit::RuleSet;
+
+/// Which requests a route applies to: a method (or any) and a path pattern.
+///
+/// A pattern is an exact path (`/login`) or a prefix ending in `/*`
+/// (`/api/*` matches `/api`, `/api/` and everything below; `/*` matches every
+/// path). Query strings are not part of the path.
+///
+/// # Examples
+///
+/// ```
+/// use http::Method;
+/// use tierlimit_tower::Match;
+///
+/// let login = Match::method(Method::POST, "/login");
+/// assert!(login.matches(&Method::POST, "/login"));
+/// assert!(!login.matches(&Method::GET, "/login"));
+/// let api = Match::any("/api/*");
+/// assert!(api.matches(&Method::GET, "/api/v1/items"));
+/// assert!(!api.matches(&Method::GET, "/apix"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Match {
+    method: Option<Method>,
+    pattern: Pattern,
+    source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    Exact(String),
+    /// The prefix without its trailing `/`: `/api` for `/api/*`, empty for `/*`.
+    Prefix(String),
+    Invalid,
+}
+
+impl Match {
+    /// Requests of any method whose path matches `pattern`.
+    pub fn any(pattern: &str) -> Match {
+        Match {
+            method: None,
+            pattern: Pattern::parse(pattern),
+            source: pattern.into(),
+        }
+    }
+
+    /// Requests of `method` whose path matches `pattern`.
+    pub fn method(method: Method, pattern: &str) -> Match {
+        Match {
+            method: Some(method),
+            ..Match::any(pattern)
+        }
+    }
+
+    /// True when a request of `method` for `path` is matched.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        match &self.pattern {
+            Pattern::Exact(exact) => path == exact,
+            Pattern::Prefix(prefix) => path
+                .strip_prefix(prefix.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
+            Pattern::Invalid => false,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> tierlimit::Result<()> {
+        if self.pattern == Pattern::Invalid {
+            return Err(tierlimit::Error::InvalidConfig {
+                what: format!(
+                    "route pattern {:?}: use an exact path starting with '/', or a prefix ending in \"/*\" (a '*' nowhere else)",
+                    self.source
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Pattern {
+    fn parse(pattern: &str) -> Pattern {
+        if !pattern.starts_with('/') {
+            return Pattern::Invalid;
+        }
+        match pattern.strip_suffix("/*") {
+            Some(prefix) if !prefix.contains('*') => Pattern::Prefix(prefix.into()),
+            Some(_) => Pattern::Invalid,
+            None if pattern.contains('*') => Pattern::Invalid,
+            None => Pattern::Exact(pattern.into()),
+        }
+    }
+}
+
+/// What a matched route does.
+#[derive(Debug, Clone)]
+pub(crate) enum Action {
+    Limit(Limit),
+    Exempt,
+}
+
+/// A rule set and cost, with its `RateLimit-Policy` value rendered once.
+#[derive(Debug, Clone)]
+pub(crate) struct Limit {
+    pub(crate) set: RuleSet,
+    pub(crate) cost: u64,
+    pub(crate) policy: HeaderValue,
+}
+
+/// The routes in order (the first match wins) and the default.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routes {
+    pub(crate) routes: Vec<(Match, Action)>,
+    pub(crate) default: Option<Limit>,
+}
+
+impl Routes {
+    /// The action for a request; `None`: no route matched and there is no
+    /// default, so the request passes unchecked.
+    pub(crate) fn find(&self, method: &Method, path: &str) -> Option<&Action> {
+        self.routes
+            .iter()
+            .find(|(m, _)| m.matches(method, path))
+            .map(|(_, action)| action)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        assert!(Match::any("/*").matches(&Method::GET, "/anything/at/all"));
+        assert!(Match::any("/api/*").matches(&Method::GET, "/api"));
+        assert!(Match::any("/api/*").matches(&Method::GET, "/api/"));
+        assert!(!Match::any("/api/*").matches(&Method::GET, "/api2"));
+        assert!(Match::any("/a").matches(&Method::PUT, "/a"));
+        assert!(!Match::any("/a").matches(&Method::PUT, "/a/"));
+        for bad in ["api", "/a*", "/*/b", "/a/*/*", ""] {
+            assert!(Match::any(bad).validate().is_err(), "{bad}");
+        }
+    }
+}
