@@ -145,3 +145,34 @@ impl Decision {
         }
     }
 }
+
+/// One rule's state after a check, as the tier that decided counts it: the
+/// Redis script, or this instance's local bucket.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tierlimit_core::RuleState;
+///
+/// let state = RuleState::new(4, Duration::from_millis(600));
+/// assert_eq!(state.remaining, 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleState {
+    /// Units the rule would admit right now.
+    pub remaining: u64,
+    /// When the rule is back to its full capacity.
+    pub reset_after: Duration,
+}
+
+impl RuleState {
+    /// A rule state.
+    pub fn new(remaining: u64, reset_after: Duration) -> Self {
+        RuleState {
+            remaining,
+            reset_after,
+        }
+    }
+}

@@ -31,7 +31,7 @@ mod rule;
 mod rule_set;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use decision::{Decision, Tier};
+pub use decision::{Decision, RuleState, Tier};
 pub use error::{Error, RedisFailure, Result};
 pub use key::{MAX_KEY_LEN, escape_key, validate_key};
 pub use ledger_entry::{LedgerEntry, window_index, window_start};

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tierlimit_core::{Clock, Decision, Error, MAX_RULES, Result, RuleSet, Tier, window_index};
+use tierlimit_core::{
+    Clock, Decision, Error, MAX_RULES, Result, RuleSet, RuleState, Tier, window_index,
+};
 
 use crate::bounded::{BoundedMap, ValueBytes};
 use crate::engine::{RuleEngine, Tat, governor_check};
@@ -182,7 +184,7 @@ impl Owed {
 }
 
 #[derive(Debug)]
-struct RuleState {
+struct RuleCell {
     state: State,
     owed: Owed,
 }
@@ -206,12 +208,12 @@ struct Bucket {
     /// The outage the states were made for: a new outage, like a new
     /// instance count, starts the key afresh from its warm seed.
     outage: u64,
-    rules: Box<[RuleState]>,
+    rules: Box<[RuleCell]>,
 }
 
 impl ValueBytes for Bucket {
     fn value_bytes(&self) -> usize {
-        self.rules.len() * std::mem::size_of::<RuleState>()
+        self.rules.len() * std::mem::size_of::<RuleCell>()
     }
 }
 
@@ -253,7 +255,7 @@ impl Bucket {
 /// own slots are written only when every rule admits. Fills `evals`.
 fn check_exclusive(
     engine: &SetEngine,
-    rules: &mut [RuleState],
+    rules: &mut [RuleCell],
     now: Now,
     cost: u64,
     evals: &mut [Eval; MAX_RULES],
@@ -592,6 +594,36 @@ impl LocalTier {
         instances: u64,
         record: bool,
     ) -> LocalAnswer {
+        self.check_into(escaped_key, set, cost, instances, record, None)
+    }
+
+    /// As [`check`](Self::check), and when the bucket decides, also each
+    /// rule's state, in the set's order, into `rules` (cleared first; left
+    /// empty for [`LocalAnswer::Full`]). This instance's share, like the
+    /// decision: when admitted, each rule after this request; when denied,
+    /// nothing was consumed, so a rule that had room shows it.
+    pub fn check_rules(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        cost: u64,
+        instances: u64,
+        record: bool,
+        rules: &mut Vec<RuleState>,
+    ) -> LocalAnswer {
+        rules.clear();
+        self.check_into(escaped_key, set, cost, instances, record, Some(rules))
+    }
+
+    fn check_into(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        cost: u64,
+        instances: u64,
+        record: bool,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> LocalAnswer {
         let mono_ns = self.mono_ns();
         let outage = self.outage.load(Ordering::Relaxed);
         let probe = Probe {
@@ -611,7 +643,7 @@ impl LocalTier {
                     },
                 ],
                 [
-                    RuleState {
+                    RuleCell {
                         state: State::Governor(tat),
                         owed,
                     },
@@ -623,6 +655,9 @@ impl LocalTier {
                 owed.add(cost, self.unix_from(mono_ns));
                 self.mark_owing();
             }
+            if let Some(rules) = rules {
+                rules.push(rule_state(&eval, eval.ok, cost));
+            }
             return LocalAnswer::Decided(decide(set, &[eval], eval.ok));
         }
         let now = Now {
@@ -633,7 +668,7 @@ impl LocalTier {
         let make = |key: &LocalKey| Bucket {
             rules: self
                 .fresh_states(key, &engine, now)
-                .map(|state| RuleState {
+                .map(|state| RuleCell {
                     state,
                     owed: Owed::new(),
                 })
@@ -667,7 +702,11 @@ impl LocalTier {
             self.owe(bucket.key(), &bucket.rules, cost, now.unix_us);
         }
         drop(bucket);
-        LocalAnswer::Decided(decide(set, &evals[..set.rules().len()], allowed))
+        let evals = &evals[..set.rules().len()];
+        if let Some(rules) = rules {
+            rules.extend(evals.iter().map(|e| rule_state(e, allowed, cost)));
+        }
+        LocalAnswer::Decided(decide(set, evals, allowed))
     }
 
     fn mark_owing(&self) {
@@ -679,7 +718,7 @@ impl LocalTier {
     /// Adds `cost` to what each reconciled rule of a bucket owes, moving what
     /// a window rule owed for an earlier window to the ledger first (a bucket
     /// owes for one window at a time).
-    fn owe(&self, key: &LocalKey, rules: &[RuleState], cost: u64, now: u64) {
+    fn owe(&self, key: &LocalKey, rules: &[RuleCell], cost: u64, now: u64) {
         let set = key.set();
         for (i, (rule, r)) in set.rules().iter().zip(rules).enumerate() {
             if !set.reconciles(i) {
@@ -770,7 +809,7 @@ impl LocalTier {
                 rules: set
                     .rules()
                     .iter()
-                    .map(|_| RuleState {
+                    .map(|_| RuleCell {
                         state: State::Own(Slot::Tat(0)),
                         owed: Owed::new(),
                     })
@@ -974,6 +1013,17 @@ impl LocalTier {
         self.move_all_owed();
         &self.ledger
     }
+}
+
+/// One rule's state for [`LocalTier::check_rules`]: when the set was denied,
+/// nothing was consumed, so a rule that had room gets this request back.
+fn rule_state(e: &Eval, allowed: bool, cost: u64) -> RuleState {
+    let remaining = if !allowed && e.ok {
+        e.remaining.saturating_add(cost)
+    } else {
+        e.remaining
+    };
+    RuleState::new(remaining, us(e.reset_after_us))
 }
 
 /// The deciding rule: when admitted the one with the fewest remaining, when

@@ -176,3 +176,31 @@ fn ten_per_second_and_a_hundred_per_minute_are_all_or_nothing_like_the_exact_mod
     assert_eq!(owed.len(), 2);
     assert_eq!(owed[0], owed[1]);
 }
+
+/// `check_rules` reports each rule of the share; a denied request consumed
+/// nothing, so a rule that had room shows it as it stands.
+#[test]
+fn each_rule_is_reported_after_an_admission_and_as_it_stands_after_a_denial() {
+    let (local, _) = tier();
+    let set = RuleSet::new(
+        "pair",
+        [
+            Rule::per_minute(10).expect("valid"),
+            Rule::per_hour(3).expect("valid"),
+        ],
+    )
+    .expect("valid");
+    let mut rules = Vec::new();
+    for n in 1..=3u64 {
+        let d = decided(local.check_rules("k", &set, 1, 1, false, &mut rules));
+        assert!(d.allowed);
+        let remaining: Vec<u64> = rules.iter().map(|r| r.remaining).collect();
+        assert_eq!(remaining, [10 - n, 3 - n]);
+    }
+    let d = decided(local.check_rules("k", &set, 1, 1, false, &mut rules));
+    assert!(!d.allowed);
+    assert_eq!(
+        rules.iter().map(|r| r.remaining).collect::<Vec<_>>(),
+        [7, 0]
+    );
+}

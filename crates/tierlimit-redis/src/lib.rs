@@ -62,4 +62,5 @@ pub use script::{
     TOKEN_BUCKET,
 };
 pub use tier::RedisTier;
-pub use verdict::{CheckRequest, RuleState, Verdict};
+pub use tierlimit_core::RuleState;
+pub use verdict::{CheckRequest, Verdict};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use redis::Value;
-use tierlimit_core::{Decision, Error, RedisFailure, Result, RuleSet, Tier};
+use tierlimit_core::{Decision, Error, RedisFailure, Result, RuleSet, RuleState, Tier};
 
 use crate::failure::classify_server;
 
@@ -36,36 +36,6 @@ pub struct Verdict {
     /// The time the script decided at, µs since the Unix epoch: the server's
     /// clock, or in client-time mode the one this process sent.
     pub server_time_us: u64,
-}
-
-/// One rule's state as the check script saw it.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use tierlimit_redis::RuleState;
-///
-/// let state = RuleState::new(4, Duration::from_millis(600));
-/// assert_eq!(state.remaining, 4);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RuleState {
-    /// Units the rule would admit right now.
-    pub remaining: u64,
-    /// When the rule is back to its full capacity.
-    pub reset_after: Duration,
-}
-
-impl RuleState {
-    /// A rule state.
-    pub fn new(remaining: u64, reset_after: Duration) -> Self {
-        RuleState {
-            remaining,
-            reset_after,
-        }
-    }
 }
 
 /// One check of [`RedisTier::check_many`](crate::RedisTier::check_many).
@@ -146,10 +116,10 @@ pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
     let server_time_us = unsigned(3)?;
     let mut states = Vec::with_capacity(rules);
     for i in 0..rules {
-        states.push(RuleState {
-            remaining: unsigned(4 + 2 * i)?,
-            reset_after: Duration::from_micros(unsigned(5 + 2 * i)?),
-        });
+        states.push(RuleState::new(
+            unsigned(4 + 2 * i)?,
+            Duration::from_micros(unsigned(5 + 2 * i)?),
+        ));
     }
     let limit = set.rules()[rule].limit();
     let deciding = states[rule];

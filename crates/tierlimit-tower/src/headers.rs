@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tierlimit::{Decision, RuleSet};
+use tierlimit::{Decision, RuleSet, RuleState};
 
 /// Which rate-limit headers every checked response carries (allowed or not).
 ///
@@ -17,21 +17,22 @@ use tierlimit::{Decision, RuleSet};
 ///   `"<set>.<rule index>"`, with `q` (the rule's limit) and `w` (its period
 ///   in seconds, rounded up), e.g.
 ///   `RateLimit-Policy: "api.0";q=10;w=60, "api.1";q=100;w=3600`; and
-///   `RateLimit` with the item of the rule that decided, `r` (remaining) and
-///   `t` (seconds until it is full again, rounded up), e.g.
-///   `RateLimit: "api.0";r=7;t=42`, plus `pk` (the partition key as a byte
-///   sequence) when [`partition_key`](crate::RateLimitLayerBuilder::partition_key)
-///   is on. (-11 of May 2026 is the latest revision known; this follows -10.)
+///   `RateLimit` with one item per rule, `r` (remaining) and `t` (seconds
+///   until it is full again, rounded up), e.g.
+///   `RateLimit: "api.0";r=7;t=42, "api.1";r=93;t=251`, each with `pk` (the
+///   partition key as a byte sequence) when
+///   [`partition_key`](crate::RateLimitLayerBuilder::partition_key) is on.
+///   (-11 of May 2026 is the latest revision known; this follows -10.)
 /// * [`Both`](Self::Both) (the default) and [`None`](Self::None).
 ///
-/// # One remaining count per response
+/// # When `RateLimit` has one item
 ///
-/// A [`Decision`] reports the rule that decided (the one that denied, or when
-/// admitted the one with the fewest remaining), not every rule's state, so
-/// `RateLimit` carries that rule's item alone; the other rules appear in
-/// `RateLimit-Policy` only. The deciding rule is the binding one, so a client
-/// that follows it is never throttled by another; it just does not see how
-/// much the looser rules have left.
+/// Redis and the local bucket count every rule, so their answers carry an
+/// item per rule. The denial cache, `FailOpen` and `FailClosed` know the
+/// deciding rule only (see [`Decision`]): their `RateLimit` carries that
+/// rule's item, the binding one, and the other rules appear in
+/// `RateLimit-Policy` only. The legacy headers always describe the deciding
+/// rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderMode {
@@ -47,11 +48,11 @@ pub enum HeaderMode {
 }
 
 impl HeaderMode {
-    fn legacy(self) -> bool {
+    pub(crate) fn legacy(self) -> bool {
         matches!(self, HeaderMode::Legacy | HeaderMode::Both)
     }
 
-    fn draft(self) -> bool {
+    pub(crate) fn draft(self) -> bool {
         matches!(self, HeaderMode::Draft | HeaderMode::Both)
     }
 }
@@ -93,13 +94,17 @@ pub(crate) fn policy_value(set: &RuleSet) -> HeaderValue {
     HeaderValue::try_from(out).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Adds the headers of `mode` for `decision` on `set` to `headers`.
+/// Adds the headers of `mode` for `decision` on `set` to `headers`. `rules`
+/// holds every rule's state when the deciding tier counted them all (see
+/// [`HybridLimiter::check_with_rules`](tierlimit::HybridLimiter::check_with_rules)),
+/// and is empty otherwise.
 pub(crate) fn render(
     headers: &mut HeaderMap,
     mode: HeaderMode,
     set: &RuleSet,
     policy: &HeaderValue,
     decision: &Decision,
+    rules: &[RuleState],
     partition_key: Option<&str>,
 ) {
     let reset = ceil_secs(decision.reset_after);
@@ -113,18 +118,26 @@ pub(crate) fn render(
     }
     if mode.draft() {
         headers.insert(POLICY.clone(), policy.clone());
-        let mut item = format!(
-            "\"{}.{}\";r={};t={reset}",
-            set.name(),
-            decision.rule,
-            decision.remaining
-        );
-        if let Some(pk) = partition_key {
-            item.push_str(";pk=:");
-            base64(pk.as_bytes(), &mut item);
-            item.push(':');
+        let mut field = String::new();
+        let mut item = |rule: usize, remaining: u64, reset: u64| {
+            if !field.is_empty() {
+                field.push_str(", ");
+            }
+            let _ = write!(field, "\"{}.{rule}\";r={remaining};t={reset}", set.name());
+            if let Some(pk) = partition_key {
+                field.push_str(";pk=:");
+                base64(pk.as_bytes(), &mut field);
+                field.push(':');
+            }
+        };
+        if rules.len() == set.rules().len() {
+            for (i, state) in rules.iter().enumerate() {
+                item(i, state.remaining, ceil_secs(state.reset_after));
+            }
+        } else {
+            item(decision.rule, decision.remaining, reset);
         }
-        if let Ok(value) = HeaderValue::try_from(item) {
+        if let Ok(value) = HeaderValue::try_from(field) {
             headers.insert(RATELIMIT.clone(), value);
         }
     }
@@ -186,12 +199,39 @@ mod tests {
             &set,
             &policy,
             &d,
+            &[],
             Some("ip:1"),
         );
         assert_eq!(headers["ratelimit"], "\"api.1\";r=7;t=42;pk=:aXA6MQ==:");
         assert_eq!(headers["x-ratelimit-limit"], "100");
         assert_eq!(headers["x-ratelimit-remaining"], "7");
         assert_eq!(headers["x-ratelimit-reset"], "42");
+        Ok(())
+    }
+
+    #[test]
+    fn every_rule_gets_an_item_when_every_rule_was_counted() -> tierlimit::Result<()> {
+        let set = RuleSet::new("api", [Rule::per_minute(10)?, Rule::per_hour(100)?])?;
+        let policy = policy_value(&set);
+        let d = Decision::allowed(10, 7, Duration::from_millis(18_500), 0, Tier::Redis);
+        let rules = [
+            RuleState::new(7, Duration::from_millis(18_500)),
+            RuleState::new(97, Duration::from_secs(108)),
+        ];
+        let mut headers = HeaderMap::new();
+        render(
+            &mut headers,
+            HeaderMode::Draft,
+            &set,
+            &policy,
+            &d,
+            &rules,
+            None,
+        );
+        assert_eq!(
+            headers["ratelimit"],
+            "\"api.0\";r=7;t=19, \"api.1\";r=97;t=108"
+        );
         Ok(())
     }
 

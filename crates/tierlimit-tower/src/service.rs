@@ -10,7 +10,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tierlimit::{Decision, Tier};
+use tierlimit::{Decision, RuleState, Tier};
 use tower_service::Service;
 
 use crate::headers::{self, retry_after_secs};
@@ -89,7 +89,17 @@ where
                 },
                 Err(invalid) => return Ok(bad_request(grpc, "invalid_key", invalid.reason())),
             };
-            let decision = match shared.limiter.check(&key, &limit.set, limit.cost).await {
+            // Every rule's state only when the draft's `RateLimit` shows them.
+            let mut rules = Vec::new();
+            let checked = if shared.headers.draft() {
+                let checked = shared
+                    .limiter
+                    .check_with_rules(&key, &limit.set, limit.cost, &mut rules);
+                checked.await
+            } else {
+                shared.limiter.check(&key, &limit.set, limit.cost).await
+            };
+            let decision = match checked {
                 Ok(decision) => decision,
                 // Only bad input reaches here (Redis faults become decisions);
                 // the key is the only input a client controls.
@@ -100,7 +110,7 @@ where
             };
             let pk = shared.partition_key.then_some(key.as_str());
             if !decision.allowed {
-                return Ok(denied(&shared, limit, &decision, pk, grpc));
+                return Ok(denied(&shared, limit, &decision, &rules, pk, grpc));
             }
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
             headers::render(
@@ -109,6 +119,7 @@ where
                 &limit.set,
                 &limit.policy,
                 &decision,
+                &rules,
                 pk,
             );
             Ok(response.map(ResponseBody::inner))
@@ -133,6 +144,7 @@ fn denied<B>(
     shared: &Shared,
     limit: &Limit,
     decision: &Decision,
+    rules: &[RuleState],
     pk: Option<&str>,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
@@ -175,6 +187,7 @@ fn denied<B>(
         &limit.set,
         &limit.policy,
         decision,
+        rules,
         pk,
     );
     response
@@ -348,7 +361,7 @@ mod tests {
             Tier::FailClosed,
         );
         let shared = shared(HeaderMode::None, StatusCode::TOO_MANY_REQUESTS);
-        let r: Response<ResponseBody<()>> = denied(&shared, &limit, &d, None, false);
+        let r: Response<ResponseBody<()>> = denied(&shared, &limit, &d, &[], None, false);
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[RETRY_AFTER], "2");
         assert_eq!(
@@ -357,7 +370,7 @@ mod tests {
             "content-type and retry-after only: {:?}",
             r.headers()
         );
-        let g: Response<ResponseBody<()>> = denied(&shared, &limit, &d, None, true);
+        let g: Response<ResponseBody<()>> = denied(&shared, &limit, &d, &[], None, true);
         assert_eq!(g.headers()["grpc-status"], "14");
         assert_eq!(
             g.headers()["grpc-message"],

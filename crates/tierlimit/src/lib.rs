@@ -118,7 +118,7 @@ pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances, ShutdownReport
 pub use reconcile::{ReconcileConfig, ReconcileStats};
 pub use tierlimit_core::{
     Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet,
-    SystemClock, Tier,
+    RuleState, SystemClock, Tier,
 };
 pub use tierlimit_local::LocalConfig;
 pub use view::{BreakerView, LedgerView, LocalView};

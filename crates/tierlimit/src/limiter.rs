@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
-    Clock, Decision, Error, Policy, Result, Rule, RuleSet, SystemClock, Tier, escape_key,
-    validate_key,
+    Clock, Decision, Error, Policy, Result, Rule, RuleSet, RuleState, SystemClock, Tier,
+    escape_key, validate_key,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource, redact_url};
@@ -485,6 +485,37 @@ impl HybridLimiter {
     /// the rule set, a hash of the key (never the key itself: keys are user
     /// data), the tier that decided and whether it admitted.
     pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
+        self.check_into(key, rule_set, cost, None).await
+    }
+
+    /// As [`check`](Self::check), and also every rule's state, in the set's
+    /// order, into `rules` (cleared first), when the tier that decided counts
+    /// every rule: Redis, or the local bucket (this instance's share, like
+    /// the decision). Left empty for the denial cache, `FailOpen` and
+    /// `FailClosed`, which know the deciding rule only (see [`Decision`]).
+    /// When admitted each rule is after this request; when denied nothing was
+    /// consumed, so each rule is as it stands.
+    ///
+    /// For answers that show every rule (rate-limit headers, say); pass the
+    /// same `Vec` again to reuse its memory.
+    pub async fn check_with_rules(
+        &self,
+        key: &str,
+        rule_set: &RuleSet,
+        cost: u64,
+        rules: &mut Vec<RuleState>,
+    ) -> Result<Decision> {
+        rules.clear();
+        self.check_into(key, rule_set, cost, Some(rules)).await
+    }
+
+    async fn check_into(
+        &self,
+        key: &str,
+        rule_set: &RuleSet,
+        cost: u64,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> Result<Decision> {
         let span = tracing::debug_span!(
             "tierlimit_check",
             set = rule_set.name(),
@@ -493,11 +524,11 @@ impl HybridLimiter {
             allowed = tracing::field::Empty,
         );
         if span.is_disabled() {
-            return self.decide(key, rule_set, cost).await;
+            return self.decide(key, rule_set, cost, rules).await;
         }
         span.record("key_hash", tracing::field::display(KeyHash(key)));
         let result = self
-            .decide(key, rule_set, cost)
+            .decide(key, rule_set, cost, rules)
             .instrument(span.clone())
             .await;
         if let Ok(d) = &result {
@@ -507,14 +538,20 @@ impl HybridLimiter {
         result
     }
 
-    async fn decide(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
-        match self.decide_here(key, rule_set, cost)? {
+    async fn decide(
+        &self,
+        key: &str,
+        rule_set: &RuleSet,
+        cost: u64,
+        mut rules: Option<&mut Vec<RuleState>>,
+    ) -> Result<Decision> {
+        match self.decide_here(key, rule_set, cost, rules.as_deref_mut())? {
             Here::Decided(decision) => Ok(decision),
             // Boxed: the Redis call's future is large, and a check's future
             // that held it inline would be copied whole on every check, the
             // local ones included (they measured 4x slower for it).
             Here::AskRedis(escaped) => {
-                Box::pin(self.ask_redis(key, &escaped, rule_set, cost)).await
+                Box::pin(self.ask_redis(key, &escaped, rule_set, cost, rules)).await
             }
         }
     }
@@ -522,7 +559,13 @@ impl HybridLimiter {
     /// Everything a check decides without waiting: bad input, a cached
     /// denial, the settling bound, and the policy while the breaker keeps
     /// Redis out. Synchronous, so the local paths cost no future of their own.
-    fn decide_here<'k>(&self, key: &'k str, rule_set: &RuleSet, cost: u64) -> Result<Here<'k>> {
+    fn decide_here<'k>(
+        &self,
+        key: &'k str,
+        rule_set: &RuleSet,
+        cost: u64,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> Result<Here<'k>> {
         validate_key(key)?;
         rule_set.validate_cost(cost)?;
         let inner = &*self.inner;
@@ -536,7 +579,7 @@ impl HybridLimiter {
             }
             return Ok(Here::AskRedis(escaped));
         }
-        let decision = inner.fallback(&escaped, rule_set, cost);
+        let decision = inner.fallback(&escaped, rule_set, cost, rules);
         Ok(Here::Decided(inner.count(rule_set, decision)))
     }
 
@@ -547,6 +590,7 @@ impl HybridLimiter {
         escaped: &str,
         rule_set: &RuleSet,
         cost: u64,
+        rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Decision> {
         let inner = &*self.inner;
         let started = Instant::now();
@@ -579,13 +623,16 @@ impl HybridLimiter {
                 if !decision.allowed {
                     inner.local.cache_denial(escaped, rule_set, cost, &decision);
                 }
+                if let Some(rules) = rules {
+                    *rules = verdict.rules;
+                }
                 Ok(inner.count(rule_set, decision))
             }
             Err(e) if e.is_bad_input() => Err(e),
             Err(e) => {
                 let outcome = inner.breaker.record_failure(latency, e.is_timeout());
                 inner.after_failure(outcome);
-                let mut decision = inner.fallback(escaped, rule_set, cost);
+                let mut decision = inner.fallback(escaped, rule_set, cost, rules);
                 decision.redis_failure = e.redis_failure();
                 Ok(inner.count(rule_set, decision))
             }
@@ -738,13 +785,19 @@ impl Inner {
     /// Local fallback needs this instance's share, so while the instance count
     /// is unknown (never learned, nothing assumed) the overflow policy answers,
     /// as it does when the local tier has no room for the key.
-    fn fallback(&self, escaped: &str, set: &RuleSet, cost: u64) -> Decision {
+    fn fallback(
+        &self,
+        escaped: &str,
+        set: &RuleSet,
+        cost: u64,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> Decision {
         match set.policy().unwrap_or(self.default_policy) {
             Policy::LocalFallback => {
-                let answer = self
-                    .instances
-                    .get()
-                    .map(|n| self.local.check(escaped, set, cost, n, true));
+                let answer = self.instances.get().map(|n| match rules {
+                    Some(rules) => self.local.check_rules(escaped, set, cost, n, true, rules),
+                    None => self.local.check(escaped, set, cost, n, true),
+                });
                 match answer {
                     Some(LocalAnswer::Decided(d)) => d,
                     _ => self.fixed_answer(self.overflow_policy, escaped, set, cost),
