@@ -12,7 +12,9 @@ use std::hash::{Hash, Hasher};
 
 use tierlimit_core::RuleSet;
 
-use crate::bounded::KeyBytes;
+use dashmap::mapref::one::RefMut;
+
+use crate::bounded::{BoundedMap, KeyBytes, ValueBytes};
 
 /// A rule set and an escaped user key, owned: what a map stores.
 #[derive(Debug, Clone)]
@@ -103,5 +105,22 @@ impl<'a> Borrow<dyn Lookup + 'a> for LocalKey {
 impl KeyBytes for LocalKey {
     fn key_bytes(&self) -> usize {
         self.key.len()
+    }
+}
+
+impl<V: ValueBytes> BoundedMap<LocalKey, V> {
+    /// The entry of (`set`, `key`), made with `make` when absent and there is
+    /// room; the owned key is built only then.
+    pub(crate) fn entry_of(
+        &self,
+        set: &RuleSet,
+        key: &str,
+        make: impl FnOnce(&LocalKey) -> V,
+    ) -> Option<RefMut<'_, LocalKey, V>> {
+        self.get_or_try_insert_with(
+            &Probe { set, key } as &dyn Lookup,
+            || LocalKey::new(set, key),
+            make,
+        )
     }
 }

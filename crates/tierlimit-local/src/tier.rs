@@ -678,11 +678,7 @@ impl LocalTier {
         };
         // The warm store is a different map, so reading it while holding this
         // bucket's shard lock cannot deadlock.
-        let Some(mut bucket) = self.buckets.get_or_try_insert_with(
-            &probe as &dyn Lookup,
-            || LocalKey::new(set, escaped_key),
-            make,
-        ) else {
+        let Some(mut bucket) = self.buckets.entry_of(set, escaped_key, make) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
@@ -800,22 +796,18 @@ impl LocalTier {
             return;
         }
         let outage = self.outage.load(Ordering::Relaxed);
-        let bucket = self.buckets.get_or_try_insert_with(
-            &probe as &dyn Lookup,
-            || LocalKey::new(set, escaped_key),
-            |_| Bucket {
-                engine: None,
-                outage,
-                rules: set
-                    .rules()
-                    .iter()
-                    .map(|_| RuleCell {
-                        state: State::Own(Slot::Tat(0)),
-                        owed: Owed::new(),
-                    })
-                    .collect(),
-            },
-        );
+        let bucket = self.buckets.entry_of(set, escaped_key, |_| Bucket {
+            engine: None,
+            outage,
+            rules: set
+                .rules()
+                .iter()
+                .map(|_| RuleCell {
+                    state: State::Own(Slot::Tat(0)),
+                    owed: Owed::new(),
+                })
+                .collect(),
+        });
         match bucket {
             Some(bucket) => self.owe(bucket.key(), &bucket.rules, cost, now),
             // No room for the key: straight to the ledger, which counts what
@@ -848,19 +840,11 @@ impl LocalTier {
         rules: impl Iterator<Item = (u64, Duration)>,
     ) {
         let now = self.clock.unix_micros();
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
-        let Some(mut w) = self.warm.get_or_try_insert_with(
-            &probe as &dyn Lookup,
-            || LocalKey::new(set, escaped_key),
-            |_| Warm {
-                seen_at_us: 0,
-                expires_us: 0,
-                remaining: vec![0; set.rules().len()].into_boxed_slice(),
-            },
-        ) else {
+        let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
+            seen_at_us: 0,
+            expires_us: 0,
+            remaining: vec![0; set.rules().len()].into_boxed_slice(),
+        }) else {
             return;
         };
         let mut longest = 0u64;
@@ -893,18 +877,10 @@ impl LocalTier {
             decision: *decision,
         };
         let mut fresh = false;
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
-        let Some(mut d) = self.denials.get_or_try_insert_with(
-            &probe as &dyn Lookup,
-            || LocalKey::new(set, escaped_key),
-            |_| {
-                fresh = true;
-                denial
-            },
-        ) else {
+        let Some(mut d) = self.denials.entry_of(set, escaped_key, |_| {
+            fresh = true;
+            denial
+        }) else {
             return;
         };
         if fresh {
