@@ -19,6 +19,32 @@ from pathlib import Path
 
 BENCHES = ["local", "breaker", "allocations", "script_cost", "tower"]
 
+# What the load bench's missed targets come from (issue 11), as measured
+# beside it; the numbers above are this run's, these are the reasons.
+LOAD_NOTES = [
+    "### Why the load targets are missed",
+    "",
+    "* **Bound by Lua work per check, not by calls.** Batching brings script calls"
+    " per check at c = 50 near 0.06, but each GCRA check still costs about 12–16 µs"
+    " of server time inside a batch (`INFO commandstats` over 100-check batches of"
+    " fresh keys), against about 6 µs for a minimal GET + SET PX loop: checking"
+    " every argument as a decimal string (about 4 µs of it), the dispatch over five"
+    " algorithms with a `pcall` per rule, and parsing and formatting the"
+    " `<TAT>@<limit>` string. Reaching 2× `redis-benchmark -P 16` needs the lean"
+    " scripts of issue 11 (Functions, lighter state and checks), not done yet.",
+    "* **c = 1 against B16 is not a fair pair**: a closed-loop caller with one"
+    " check in flight cannot match one connection with 16 requests in flight; B1"
+    " is the comparison at c = 1.",
+    "* **c = 8: batching below no batching** (A ÷ A1 < 1): with two calls in"
+    " flight and batches of a few checks, the server waits while the client wakes"
+    " a batch's callers; unbatched, eight calls keep it busy.",
+    "* **Facade ÷ bare tier**: the facade's own per-check work (denial cache"
+    " lookup, local-tier bookkeeping, metrics, the boxed Redis future) is about"
+    " 2 µs of the load core's time per check; at 50,000 checks/s and more that is"
+    " 5–15 % of the core, so the ratio falls below 0.98 as throughput rises.",
+    "",
+]
+
 
 def load(results_dir):
     records = {b: [] for b in BENCHES}
@@ -330,6 +356,24 @@ def main():
         *raw_table(ratios),
         "",
     ]
+    # The load bench writes its own section (benches/src/bin/redis-load.rs).
+    load_md = Path(args.results_dir) / "redis_load.md"
+    if load_md.exists():
+        md += [load_md.read_text(), *LOAD_NOTES]
+    baseline = Path(__file__).parent / "redis-load-baseline.md"
+    if baseline.exists():
+        md += [
+            "One run of the load bench before batching existed, kept as measured."
+            " Its c = 200 row of A is not a Redis measurement: that version of the"
+            " bench left the breaker's slow-call threshold at 40 ms, queueing at"
+            " c = 200 tripped it, and most checks were answered by the fallback"
+            " (the 'fallbacks' line says how many). Every later run also measures"
+            " A1, the limiter with batching off, beside A.",
+            "",
+            baseline.read_text(),
+        ]
+    else:
+        md += ["## Redis path under load", "", "Not run: `redis_load.md` is missing.", ""]
     Path(output).write_text("\n".join(md))
     print(f"render.py: wrote {output}: {len(targets) - len(missed)} of {len(targets)} targets met")
 

@@ -28,6 +28,7 @@ echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknow
 
 # Build first, so the bench time below is the benches' alone.
 cargo bench -p tierlimit-benches --no-run
+cargo build --release -p tierlimit-benches --bin redis-load
 
 commands=()
 start=$(date +%s)
@@ -37,6 +38,11 @@ for bench in local breaker allocations script_cost tower; do
     echo "=== $cmd" >&2
     $cmd
 done
+# The load bench (writes redis_load.md and benches/redis-load-sweep.svg).
+cmd="cargo run --release -p tierlimit-benches --bin redis-load"
+commands+=("$cmd")
+echo "=== $cmd" >&2
+$cmd >/dev/null
 seconds=$(( $(date +%s) - start ))
 
 printf '%s\n' "${commands[@]}" > "$out/commands.txt"

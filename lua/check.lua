@@ -1,8 +1,10 @@
 -- check.lua: checks one request against every rule of a rule set, all or nothing.
 --
--- The main body of the check script. The Rust side prepends common.lua and
--- the algorithm files (gcra.lua, token_bucket.lua, sliding_log.lua, sliding_window.lua,
--- fixed_window.lua), which define <alg>_check and <alg>_commit.
+-- The main body of the check script. The Rust side prepends common.lua, the
+-- algorithm files (gcra.lua, token_bucket.lua, sliding_log.lua, sliding_window.lua,
+-- fixed_window.lua), which define <alg>_check and <alg>_commit, and
+-- decide.lua, whose check_one makes the decision described here (shared with
+-- check_batch.lua, which decides many requests in one call).
 --
 -- KEYS[i]  storage key of rule i: tl:{<escaped user key>}:<set>:<rule id>
 --          (all rules share the hash tag, so one Cluster slot).
@@ -25,6 +27,12 @@
 -- Every rule is checked first, without writing; only if all admit is each
 -- committed. A denied request therefore changes no rule's state.
 --
+-- A key names the algorithm, period and UTC offset of its rule, not its limit
+-- or capacity: a check with another limit or capacity than the last writer's
+-- reads the same state and keeps what was used (GCRA rescales its arrival
+-- time by the limit stored with it, the token bucket stores used units, the
+-- window algorithms keep their counts), and judges it by the new numbers.
+--
 -- Bad input is refused before anything is read or written, with an error
 -- reply "ERR tierlimit check: ...": every number must be a decimal integer
 -- string (no hex, exponent, fraction, nan, inf) within the bounds of
@@ -43,99 +51,11 @@
 --
 -- Example (redis-cli; <sha> is the SHA1 of the joined script): 10 per minute
 -- by GCRA for user-1, server time, cost 1, on an empty key:
---   EVALSHA <sha> 1 tl:{user-1}:api:g60000000x10 0 1 42 1 10 60000000 10 0
+--   EVALSHA <sha> 1 tl:{user-1}:api:g60000000 0 1 42 1 10 60000000 10 0
 --   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
-
-local CHECKS = {
-  gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
-}
-local COMMITS = {
-  gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
-}
 
 local rules = #KEYS
 if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
 end
-
--- Every argument is read and checked before the first redis.call.
-local seen = {}
-for i = 1, rules do
-  if seen[KEYS[i]] then
-    refuse('check', 'KEYS[' .. i .. '] repeats KEYS[' .. seen[KEYS[i]] .. ']')
-  end
-  seen[KEYS[i]] = i
-end
-int_arg('check', 'now_us', ARGV[1], 0, MAX_EXACT)
-local cost = int_arg('check', 'cost', ARGV[2], 1, MAX_LIMIT)
-local nonce = ARGV[3]
-if #nonce == 0 or #nonce > 64 then
-  refuse('check', 'the nonce must be 1 to 64 bytes')
-end
-local args = {}
-for i = 1, rules do
-  local code, limit, period, capacity, offset = rule_args('check', 3 + 5 * (i - 1))
-  if cost > capacity then
-    refuse('check', 'cost ' .. ARGV[2] .. ' is above the capacity of rule ' .. i
-      .. ': it could never be admitted')
-  end
-  args[i] = { code, limit, period, capacity, offset }
-end
-
-local now = script_now(ARGV[1])
-
-local outcome = {}
-local allowed = true
-for i = 1, rules do
-  local a = args[i]
-  local code = a[1]
-  -- A key holding another type fails its read here, before any commit, so
-  -- nothing is written; the reply says which key.
-  local read, ok, remaining, reset, retry, state, reset_now = pcall(CHECKS[code], KEYS[i], now,
-    cost, a[2], a[3], a[4], a[5])
-  if not read then
-    local err = type(ok) == 'table' and ok.err or tostring(ok)
-    if string.sub(err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. i
-        .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
-    end
-    error(ok)
-  end
-  outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
-  allowed = allowed and ok
-end
-
-local reply = { 0, 0, 0, now }
-if allowed then
-  reply[1] = 1
-  local fewest = nil
-  for i = 1, rules do
-    local o = outcome[i]
-    COMMITS[o[7]](KEYS[i], now, cost, nonce, o[5])
-    if fewest == nil or o[2] < fewest then
-      fewest = o[2]
-      reply[2] = i - 1
-    end
-    reply[3 + 2 * i] = o[2]
-    reply[4 + 2 * i] = o[3]
-  end
-else
-  local longest = nil
-  for i = 1, rules do
-    local o = outcome[i]
-    if o[1] then
-      -- Passed, but nothing is committed: report it as it stands.
-      reply[3 + 2 * i] = o[2] + cost
-      reply[4 + 2 * i] = o[6]
-    else
-      if longest == nil or o[4] > longest then
-        longest = o[4]
-        reply[2] = i - 1
-      end
-      reply[3 + 2 * i] = o[2]
-      reply[4 + 2 * i] = o[3]
-    end
-  end
-  reply[3] = longest
-end
-return reply
+return check_one(0, rules, 0)

@@ -9,13 +9,29 @@
 --        state (what gcra_commit writes), reset_now_us (reset_after as things
 --        stand, before this request).
 --
--- State: one string value, the theoretical arrival time (TAT) in microseconds
--- since the Unix epoch. The integer part is exact; the emission interval
+-- State: one string value, "<TAT>@<limit>": the theoretical arrival time
+-- (TAT) in microseconds since the Unix epoch, and the limit it was written
+-- under. The integer part of the TAT is exact; the emission interval
 -- T = period / limit is rarely a whole number of microseconds, so the
--- fraction is kept after the decimal point (`1700000000123456.3333333333`)
+-- fraction is kept after the decimal point (`1700000000123456.3333333333@10`)
 -- instead of being rounded up on every request: rounding up each time would
 -- lose the last unit of every full burst. The key expires exactly when the
 -- bucket is full again (TAT <= now), so an idle key costs nothing.
+--
+-- A changed limit keeps what was used. TAT - now is the units still
+-- draining times the T they were written under, so a TAT written under
+-- limit L_old and read under L_new is rescaled: rel_new = rel_old * L_old /
+-- L_new, the same units at the new T (the period is part of the key, so it
+-- never changes under one), at most MAX_REFILL_US (2^52 µs) ahead, so the
+-- TAT stays exact. A TAT already past means a full bucket under any limit
+-- and is not rescaled. A changed burst needs nothing: the TAT does not
+-- depend on it, only tau does. An admitted check writes the TAT back under
+-- the current limit; until one does (a denial writes nothing), the stored
+-- TAT keeps draining at the rate it was written under, so the units kept
+-- are those used at each check, and a denial's retry-after and reset-after
+-- say when that drain gets there (L_old / L_new times sooner than at L_new).
+-- The rescale rounds once, as an addition does (below), far under
+-- GCRA_SLACK_US for periods up to days.
 --
 -- With tau = capacity * T, a request of `cost` is admitted iff
 -- max(TAT, now) + cost * T - now <= tau. Doubles round each addition by far
@@ -25,56 +41,69 @@
 -- microsecond, and then it moves by that one microsecond at most.
 --
 -- Example: on an empty key, gcra_check(key, now, 1, 10, 60000000, 10) (10 per
--- minute, cost 1) returns true, 9, 6000000, 0, 6000000, 0: admitted, 9 left,
--- full again in 6 s.
+-- minute, cost 1) returns true, 9, 6000000, 0, {6000000, 10}, 0: admitted, 9
+-- left, full again in 6 s.
 
 local GCRA_SLACK_US = 1e-3
 
--- The stored TAT relative to now (negative when it has passed), or nil when
--- the key holds none. Shared with reconcile.lua.
-local function gcra_load(key, now)
+-- The stored TAT relative to now (negative when it has passed), rescaled
+-- from the limit it was written under to `limit`, and how much faster than
+-- at `limit` it drains until it is rewritten (written / limit when rescaled,
+-- else 1); nil when the key holds none. Shared with reconcile.lua.
+local function gcra_load(key, now, limit)
   local stored = redis.call('GET', key)
   if stored then
-    local whole, frac = string.match(stored, '^(%d+)(%.?%d*)$')
+    local whole, frac, written = string.match(stored, '^(%d+)(%.?%d*)@(%d+)$')
     if whole then
-      return tonumber(whole) - now + (tonumber(frac) or 0)
+      local rel = tonumber(whole) - now + (tonumber(frac) or 0)
+      written = tonumber(written)
+      if rel > 0 and written ~= limit and written > 0 then
+        -- Bounded as a rule's own refill is (common.lua), so now + rel stays
+        -- exact; only a limit cut by many orders of magnitude reaches it.
+        return math.min(rel * written / limit, MAX_REFILL_US), written / limit
+      end
+      return rel, 1
     end
   end
-  return nil
+  return nil, 1
 end
 
--- Stores TAT = now + rel (rel > 0), expiring when the bucket is full again.
-local function gcra_store(key, now, rel)
+-- Stores TAT = now + rel (rel > 0) under `limit`, expiring when the bucket is
+-- full again.
+local function gcra_store(key, now, rel, limit)
   local whole = math.floor(rel)
   -- '%.17f' never prints an exponent; drop its leading '0'.
   local frac = string.sub(string.format('%.17f', rel - whole), 2)
   local ttl_ms = math.max(1, math.ceil((rel - GCRA_SLACK_US) / 1000))
-  redis.call('SET', key, string.format('%d', now + whole) .. frac,
-    'PX', string.format('%d', ttl_ms))
+  redis.call('SET', key, string.format('%d', now + whole) .. frac .. '@'
+    .. string.format('%d', limit), 'PX', string.format('%d', ttl_ms))
 end
 
 local function gcra_check(key, now, cost, limit, period, capacity)
   local t = period / limit
   local tau = capacity * t
   -- rel = TAT - now, never negative: a TAT in the past means a full bucket.
-  local rel = math.max(0, gcra_load(key, now) or 0)
+  local rel, drain = gcra_load(key, now, limit)
+  rel = math.max(0, rel or 0)
   local new_rel = rel + cost * t
-  local reset_now = math.max(0, math.ceil(rel - GCRA_SLACK_US))
+  -- Times until the state is rewritten: a TAT written under another limit
+  -- drains `drain` times as fast as one written under this one.
+  local reset_now = math.max(0, math.ceil(rel / drain - GCRA_SLACK_US))
   if new_rel <= tau + GCRA_SLACK_US then
     local remaining = math.floor((tau - new_rel + GCRA_SLACK_US) / t)
-    return true, remaining, math.ceil(new_rel - GCRA_SLACK_US), 0, new_rel, reset_now
+    return true, remaining, math.ceil(new_rel - GCRA_SLACK_US), 0, { new_rel, limit }, reset_now
   end
   local remaining = math.floor((tau - rel + GCRA_SLACK_US) / t)
   if remaining < 0 then
     remaining = 0
   end
-  local retry = math.ceil(new_rel - tau - GCRA_SLACK_US)
+  local retry = math.ceil((new_rel - tau) / drain - GCRA_SLACK_US)
   if retry < 1 then
     retry = 1
   end
   return false, remaining, reset_now, retry, nil, reset_now
 end
 
-local function gcra_commit(key, now, cost, nonce, new_rel)
-  gcra_store(key, now, new_rel)
+local function gcra_commit(key, now, cost, nonce, state)
+  gcra_store(key, now, state[1], state[2])
 end

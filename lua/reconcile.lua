@@ -29,24 +29,31 @@
 --   GCRA / token bucket: the theoretical arrival time moves by units * period /
 --     limit from max(TAT, first_us) (a full bucket has no TAT: the units start
 --     at first_us and may have refilled already), and at most to now +
---     capacity * T (an empty bucket, refilling at the normal rate). Units whose
+--     capacity * T (an empty bucket, refilling at the normal rate), or where
+--     it already was when a lowered limit or burst left it further. Units whose
 --     last one is a full period old are expired.
 --   sliding log: the units become members spread over [first_us, last_us],
 --     those still inside the trailing period, up to `limit` members in all;
 --     the units already outside the window are skipped by bisection, so an
 --     entry owing 25 M units costs what one owing `limit` does.
+--   sliding window counter / fixed window: the units are added to the counter
+--     of the window they fell in (current or, for the sliding counter, the
+--     previous one), capped at `limit` (a count already above it, from a
+--     lowered limit, is kept as it is).
+--
+-- The state is read with the check's own load functions, so state written
+-- under another limit or burst of the same key is carried over exactly as a
+-- check carries it (see gcra.lua, token_bucket.lua), and the write stores
+-- this call's limit.
 --
 -- Bad input is refused before anything is written, as in check.lua: every
 -- number a decimal integer string within common.lua's bounds (units below
 -- 2^53, first_us <= last_us, marker TTL 1 ms to 10^13 ms), KEYS[2] exactly
 -- KEYS[1] .. ':rc:' .. <batch id>, and KEYS[1] empty or of the type its
 -- algorithm stores (else "WRONGTYPE tierlimit reconcile: ...").
---   sliding window counter / fixed window: the units are added to the counter
---     of the window they fell in (current or, for the sliding counter, the
---     previous one), capped at `limit`.
 --
 -- Example: 3 units of a 10-per-minute GCRA rule admitted locally, batch b1:
---   EVALSHA <sha> 2 tl:{u}:api:g60000000x10 tl:{u}:api:g60000000x10:rc:b1
+--   EVALSHA <sha> 2 tl:{u}:api:g60000000 tl:{u}:api:g60000000:rc:b1
 --     0 1 10 60000000 10 0 3 <first_us> <last_us> 120000 b1
 --   -> 1) 1  2) 3     (the same call again -> 1) 0  2) 0)
 
@@ -86,11 +93,13 @@ local now = script_now(ARGV[1])
 -- after the units, capped at a full bucket's worth. `rel` is the stored arrival
 -- time relative to now, or nil for a full bucket; units admitted long ago start
 -- from when they were admitted, so they may have refilled already.
+-- A debt already above a full bucket (the limit or burst was lowered since it
+-- was written) is kept, not cut to the cap.
 local function debt_after(rel)
   rel = rel or -math.huge
   local t = period / limit
   local start = math.max(rel, first - now)
-  return math.min(start + units * t, capacity * t)
+  return math.min(start + units * t, math.max(capacity * t, rel))
 end
 
 local status, applied = 1, units
@@ -99,12 +108,13 @@ if code == 1 or code == 2 then
   local rate = limit / period
   local rel, ts = nil, now
   if code == 1 then
-    rel = gcra_load(key, now)
+    -- Rescaled to this limit; the write below stores it under this limit.
+    rel = gcra_load(key, now, limit)
   else
-    local tokens
-    tokens, ts = token_bucket_load(key, now, limit, period, capacity)
-    if tokens < capacity then
-      rel = (capacity - tokens) / rate
+    local used
+    used, ts = token_bucket_load(key, now, limit, period)
+    if used > 0 then
+      rel = used / rate
     end
   end
   local new_rel = debt_after(rel)
@@ -112,9 +122,9 @@ if code == 1 or code == 2 then
     -- Nothing of them is left: a full period has passed, or they refilled.
     status, applied = 2, 0
   elseif code == 1 then
-    gcra_store(key, now, new_rel)
+    gcra_store(key, now, new_rel, limit)
   else
-    token_bucket_store(key, math.max(0, capacity - new_rel * rate), ts, (ts - now) + new_rel)
+    token_bucket_store(key, new_rel * rate, ts, (ts - now) + new_rel)
   end
 elseif code == 3 then
   local since = now - period

@@ -123,6 +123,24 @@ pub enum Error {
         /// The offending offset in seconds.
         seconds: i64,
     },
+    /// A rule written as text (`"10/s"`, `"1000/day@+08:00"`) that does not
+    /// follow the rule grammar (see [`Rule`](crate::Rule)'s `FromStr`).
+    #[error("invalid rule {spec:?}: {reason}")]
+    InvalidRuleSpec {
+        /// The text as given.
+        spec: String,
+        /// What is wrong and what to write instead.
+        reason: String,
+    },
+    /// A duration written as text (`"50ms"`, `"2s"`) that does not follow the
+    /// grammar of [`parse_duration`](crate::parse_duration).
+    #[error("invalid duration {text:?}: {reason}")]
+    InvalidDuration {
+        /// The text as given.
+        text: String,
+        /// What is wrong and what to write instead.
+        reason: String,
+    },
     /// A rule set had no rules.
     #[error("a rule set needs at least one rule")]
     EmptyRuleSet,
@@ -134,8 +152,13 @@ pub enum Error {
         /// The bound.
         max: usize,
     },
-    /// The same rule twice in one rule set: both would share one storage key.
-    #[error("rule {second} of the rule set repeats rule {first}")]
+    /// Two rules of one rule set with the same [id](crate::Rule::id): the same
+    /// algorithm, period and UTC offset (whatever their limits and bursts).
+    /// Both would share one storage key.
+    #[error(
+        "rule {second} of the rule set has the algorithm, period and UTC offset of rule {first}: \
+         both would share one storage key"
+    )]
     DuplicateRule {
         /// The index of the first occurrence.
         first: usize,
@@ -146,6 +169,20 @@ pub enum Error {
     #[error("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]")]
     InvalidName {
         /// The offending name.
+        name: String,
+    },
+    /// Two rule sets of one limiter had the same name (a limiter's named sets,
+    /// from its builder, a config file or a reload, are looked up by name).
+    #[error("rule set name {name:?} is used twice")]
+    DuplicateRuleSet {
+        /// The repeated name.
+        name: String,
+    },
+    /// A check named a rule set the limiter does not hold (see
+    /// `HybridLimiter::check_by_name` in the facade).
+    #[error("no rule set named {name:?}")]
+    UnknownRuleSet {
+        /// The name asked for.
         name: String,
     },
     /// A check was asked with cost 0.

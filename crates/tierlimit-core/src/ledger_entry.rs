@@ -16,7 +16,7 @@ use crate::{Algorithm, Rule};
 /// use tierlimit_core::{LedgerEntry, Rule};
 ///
 /// let rule = Rule::per_minute(10)?;
-/// let entry = LedgerEntry::new("tl:{u}:api:g60000000x10".into(), rule, 3, 1_000_000, 2_000_000);
+/// let entry = LedgerEntry::new("tl:{u}:api:g60000000".into(), rule, 3, 1_000_000, 2_000_000);
 /// assert_eq!(entry.expires_at_us(), 62_000_000);
 /// # Ok::<(), tierlimit_core::Error>(())
 /// ```

@@ -29,6 +29,7 @@ mod ledger_entry;
 mod policy;
 mod rule;
 mod rule_set;
+mod rule_spec;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::{Decision, RuleState, Tier};
@@ -38,3 +39,4 @@ pub use ledger_entry::{LedgerEntry, window_index, window_start};
 pub use policy::Policy;
 pub use rule::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_REFILL_US, MAX_SLIDING_LOG_LIMIT, Rule};
 pub use rule_set::{MAX_RULES, RuleSet};
+pub use rule_spec::{parse_duration, parse_utc_offset};

@@ -39,8 +39,8 @@ pub const MAX_REFILL_US: u64 = 1 << 52;
 ///
 /// | algorithm | state per key | exact |
 /// |---|---|---|
-/// | [`Gcra`](Algorithm::Gcra) (default) | one integer (theoretical arrival time) | yes |
-/// | [`TokenBucket`](Algorithm::TokenBucket) | hash `{tokens, ts}` | yes |
+/// | [`Gcra`](Algorithm::Gcra) (default) | one value (theoretical arrival time and the limit it was written under) | yes |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | hash `{used, ts}` | yes |
 /// | [`SlidingLog`](Algorithm::SlidingLog) | sorted set of events | yes |
 /// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters | approximate |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | yes, per window |
@@ -334,14 +334,30 @@ impl Rule {
         self.burst.unwrap_or(self.limit)
     }
 
-    /// A short id, stable across processes, that changes whenever anything that
-    /// shapes the rule's state changes, so a changed rule never reads state
-    /// written under another meaning.
+    /// A short id, stable across processes, naming what shapes the rule's
+    /// stored state: the algorithm, the period and the UTC offset (`g60000000`
+    /// is GCRA over a minute, `f86400000000o28800` a natural day at UTC+8).
+    ///
+    /// The limit and the burst are not part of it: a rule whose limit or
+    /// burst changes keeps its storage key, and the state there carries over
+    /// (see [`RuleSet::identity`](crate::RuleSet::identity)). Changing the
+    /// algorithm or the period changes the id, so state written under another
+    /// meaning is never read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::Rule;
+    ///
+    /// let before = Rule::per_minute(100)?;
+    /// let after = Rule::per_minute(200)?.with_burst(50)?;
+    /// assert_eq!(before.id(), "g60000000");
+    /// assert_eq!(before.id(), after.id());
+    /// assert_ne!(before.id(), Rule::per_hour(100)?.id());
+    /// # Ok::<(), tierlimit_core::Error>(())
+    /// ```
     pub fn id(&self) -> String {
-        let mut id = format!("{}{}x{}", self.algorithm.tag(), self.period_us, self.limit);
-        if let Some(burst) = self.burst {
-            id.push_str(&format!("b{burst}"));
-        }
+        let mut id = format!("{}{}", self.algorithm.tag(), self.period_us);
         if self.utc_offset_s != 0 {
             id.push_str(&format!("o{}", self.utc_offset_s));
         }
@@ -368,14 +384,28 @@ mod tests {
             .clone()
             .with_algorithm(Algorithm::TokenBucket)
             .expect("valid");
-        let c = Rule::per_minute(11).expect("valid");
-        let d = a.clone().with_burst(2).expect("valid");
-        let ids = [a.id(), b.id(), c.id(), d.id()];
+        let c = Rule::per_hour(10).expect("valid");
+        let d = Rule::per_natural_day(10, 3600).expect("valid");
+        let e = Rule::per_natural_day(10, 7200).expect("valid");
+        let ids = [a.id(), b.id(), c.id(), d.id(), e.id()];
         for (i, x) in ids.iter().enumerate() {
             for y in &ids[i + 1..] {
                 assert_ne!(x, y);
             }
         }
+    }
+
+    /// Issue 13: a changed limit or burst kept no state, since both were part
+    /// of the id (and so of the storage key).
+    #[test]
+    fn ids_ignore_limit_and_burst() {
+        let a = Rule::per_minute(10).expect("valid");
+        let b = Rule::per_minute(11).expect("valid");
+        let c = a.clone().with_burst(2).expect("valid");
+        assert_eq!(a.id(), "g60000000");
+        assert_eq!((a.id(), a.id()), (b.id(), c.id()));
+        let day = Rule::per_natural_day(1000, -8 * 3600).expect("valid");
+        assert_eq!(day.id(), "f86400000000o-28800");
     }
 
     #[test]

@@ -84,17 +84,15 @@ impl RuleSet {
                 max: MAX_RULES,
             });
         }
-        // Two equal rules share one storage key; the check script refuses a key
-        // named twice (it could not commit both without a partial write).
-        for (second, rule) in rules.iter().enumerate() {
-            if let Some(first) = rules[..second].iter().position(|r| r == rule) {
+        // Two rules with one id share one storage key; the check script refuses
+        // a key named twice (it could not commit both without a partial write).
+        let ids: Vec<String> = rules.iter().map(Rule::id).collect();
+        for (second, id) in ids.iter().enumerate() {
+            if let Some(first) = ids[..second].iter().position(|i| i == id) {
                 return Err(Error::DuplicateRule { first, second });
             }
         }
-        let suffixes: Vec<String> = rules
-            .iter()
-            .map(|r| format!(":{name}:{}", r.id()))
-            .collect();
+        let suffixes: Vec<String> = ids.iter().map(|id| format!(":{name}:{id}")).collect();
         let identity = suffixes.concat();
         let script_args = rules.iter().map(script_args).collect();
         Ok(RuleSet {
@@ -153,17 +151,42 @@ impl RuleSet {
         &self.inner.name
     }
 
-    /// What state is keyed by, on Redis and locally: the name and the id of
-    /// every rule, in order. Two rule sets with the same identity share their
-    /// counters (their policy and reconcile setting may differ); two with the
-    /// same name and different rules never do.
+    /// What state is keyed by, on Redis and locally: the name and the
+    /// [id](Rule::id) of every rule (algorithm, period, UTC offset), in order.
+    /// Two rule sets with the same identity share their state (their limits,
+    /// bursts, policy and reconcile setting may differ); two with the same name
+    /// and different identities never do.
     ///
-    /// A rule's id changes whenever anything that shapes its state changes
-    /// (algorithm, limit, period, burst, UTC offset). So editing a rule (say,
-    /// during a rolling deploy) starts it afresh: on Redis under a new key (the
-    /// old key expires by its TTL), and locally in new buckets, with no cached
-    /// denial or warm seed from the old rule. Instances still running the old
-    /// rule keep counting under the old key until they are replaced.
+    /// Changing only a rule's limit or burst (say, during a rolling deploy or a
+    /// hot reload) keeps the identity, so the storage key and what was used
+    /// carry over: on Redis and in the local buckets, the units already used in
+    /// the current window (fixed and sliding windows, sliding log) or still
+    /// draining (GCRA, token bucket) count against the new limit. Raising 100
+    /// to 200 per minute after 80 were used leaves 120 this minute; lowering it
+    /// to 50 denies until the usage has drained below 50. A denial cached under
+    /// the old limits is not applied to the new ones. While old and new sets are
+    /// checked side by side, each admits by its own limit against the shared
+    /// usage, so the key never takes more than the larger limit.
+    ///
+    /// Changing a rule's algorithm, period or UTC offset changes its id: the
+    /// rule starts afresh, on Redis under a new key (the old key expires by its
+    /// TTL) and locally in new buckets, with no cached denial or warm seed from
+    /// the old rule. Instances still running the old rule keep counting under
+    /// the old key until they are replaced.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::{Rule, RuleSet};
+    ///
+    /// let before = RuleSet::new("api", [Rule::per_minute(100)?])?;
+    /// let raised = RuleSet::new("api", [Rule::per_minute(200)?.with_burst(20)?])?;
+    /// let hourly = RuleSet::new("api", [Rule::per_hour(100)?])?;
+    /// assert_eq!(before.identity(), raised.identity());
+    /// assert_eq!(before.storage_key("u", 0), raised.storage_key("u", 0));
+    /// assert_ne!(before.identity(), hourly.identity());
+    /// # Ok::<(), tierlimit_core::Error>(())
+    /// ```
     pub fn identity(&self) -> &str {
         &self.inner.identity
     }
@@ -354,6 +377,28 @@ mod tests {
         assert!(!set.reconciles(2));
         let set = set.with_reconcile(false);
         assert!(!set.reconciles(0));
+    }
+
+    /// Issue 13: with limits out of rule ids, two rules of one algorithm and
+    /// period would share one storage key.
+    #[test]
+    fn rules_sharing_an_id_are_refused() {
+        let rules = [
+            Rule::per_minute(10).expect("valid"),
+            Rule::per_hour(100).expect("valid"),
+            Rule::per_minute(20).expect("valid"),
+        ];
+        assert!(matches!(
+            RuleSet::new("s", rules),
+            Err(Error::DuplicateRule {
+                first: 0,
+                second: 2
+            })
+        ));
+        let other_algorithm = Rule::per_minute(20)
+            .and_then(|r| r.with_algorithm(crate::Algorithm::FixedWindow))
+            .expect("valid");
+        assert!(RuleSet::new("s", [Rule::per_minute(10).expect("valid"), other_algorithm]).is_ok());
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //! up without building one.
 //!
 //! Local state is keyed like Redis state, by the rule set's identity (its name
-//! and rule ids), so two sets that share a name but not their rules (or a rule
-//! edited during a rolling deploy) never reset each other's buckets or apply
-//! each other's denials. A check looks a key up through [`Lookup`] with the
+//! and rule ids: algorithm, period, UTC offset), so two sets that share a name
+//! but not their rules' shapes never reset each other's buckets or apply each
+//! other's denials. Sets of one identity with other limits or bursts share a
+//! key; what the key holds remembers the limits it was written under (a
+//! bucket's engine, a denial's set, a warm seed's capacities) and converts or
+//! ignores it, in `tier.rs`. A check looks a key up through [`Lookup`] with the
 //! borrowed set and key, so only a key seen for the first time is allocated.
 
 use std::borrow::Borrow;

@@ -89,6 +89,10 @@ impl Ledger {
 
     /// Records `units` admitted locally for `storage_key` under `rule` between
     /// `first_us` and `last_us` (one window: the window is `last_us`'s).
+    ///
+    /// A storage key names its rule's algorithm, period and UTC offset, not
+    /// its limit or burst: when those changed since the entry was made, the
+    /// entry is written back under the latest `rule` recorded.
     pub fn record_span(
         &self,
         storage_key: String,
@@ -109,6 +113,9 @@ impl Ledger {
             });
         let overflow = match entry {
             Some(mut e) => {
+                if e.rule != *rule {
+                    e.rule = rule.clone();
+                }
                 let added = units.min(u64::MAX - e.units);
                 e.units += added;
                 self.units.fetch_add(added, Ordering::Relaxed);

@@ -33,6 +33,18 @@
 //! algorithms keep their own counter: governor has no windows aligned to the
 //! clock, and the sliding log's exactness would cost a timestamp per unit.
 //!
+//! # When limits change
+//!
+//! A rule set's identity names its rules' algorithms, periods and UTC offsets,
+//! not their limits or bursts (as the Redis keys do), so a set whose limits
+//! changed (a hot reload, a rolling deploy) finds the same buckets. Each
+//! bucket remembers the engine, and so the limits, its state was written
+//! under; checked under other limits, it converts that state keeping what was
+//! used (GCRA: the units still draining; windows: the counts), then judges it
+//! by the new limits. Engines are cached per identity *and* limits, a cached
+//! denial answers only the limits it was cached under, and a warm seed keeps
+//! the units used when Redis reported it rather than the remaining.
+//!
 //! # Examples
 //!
 //! ```

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use tierlimit_core::{
-    Clock, Decision, Error, MAX_RULES, Result, RuleSet, RuleState, Tier, window_index,
+    Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, window_index,
 };
 
 use crate::bounded::{BoundedMap, ValueBytes};
@@ -218,15 +218,40 @@ impl ValueBytes for Bucket {
 }
 
 impl Bucket {
-    /// The engine, when the states are this outage's and this instance count's.
-    fn current(&self, instances: u64, outage: u64) -> Option<&Arc<SetEngine>> {
+    /// The engine, when the states are this outage's and this instance count's
+    /// and were written under `set`'s limits.
+    fn current(&self, set: &RuleSet, instances: u64, outage: u64) -> Option<&Arc<SetEngine>> {
+        self.engine.as_ref().filter(|e| {
+            e.instances == instances && self.outage == outage && same_limits(&e.set, set)
+        })
+    }
+
+    /// The engine, when the states are this outage's and this instance
+    /// count's, whatever limits they were written under.
+    fn written(&self, instances: u64, outage: u64) -> Option<&Arc<SetEngine>> {
         self.engine
             .as_ref()
             .filter(|e| e.instances == instances && self.outage == outage)
     }
 
+    /// Moves the states to `engine` (the same rule set with other limits or
+    /// bursts) keeping what was used: see [`carry`].
+    fn carry_to(&mut self, engine: &Arc<SetEngine>, now: Now) {
+        if let Some(old) = self.engine.take() {
+            let rules = engine.set.rules();
+            for (i, r) in self.rules.iter_mut().enumerate() {
+                if let (Some(from), Some(to), Some(rule)) =
+                    (old.rules.get(i), engine.rules.get(i), rules.get(i))
+                {
+                    r.state = carry(from, to, rule, &r.state, now);
+                }
+            }
+        }
+        self.engine = Some(engine.clone());
+    }
+
     /// True when every rule is back to full and nothing is owed.
-    fn is_idle(&self, set: &RuleSet, now: Now) -> bool {
+    fn is_idle(&self, now: Now) -> bool {
         let owes = self
             .rules
             .iter()
@@ -235,7 +260,8 @@ impl Bucket {
             return !owes;
         };
         !owes
-            && set
+            && engine
+                .set
                 .rules()
                 .iter()
                 .zip(engine.rules.iter())
@@ -301,7 +327,65 @@ fn check_exclusive(
     allowed
 }
 
-#[derive(Debug, Clone, Copy)]
+/// True when `a` and `b`, two sets of one identity, have the same limit and
+/// capacity in every rule: state and denials made under one hold for the other.
+fn same_limits(a: &RuleSet, b: &RuleSet) -> bool {
+    let quota = |r: &Rule| (r.limit(), r.capacity());
+    a.id() == b.id() || a.rules().iter().map(quota).eq(b.rules().iter().map(quota))
+}
+
+/// The engine cache's key for `set` and `instances`: the identity's hash mixed
+/// with every rule's limit and capacity, so sets that differ only there get
+/// engines of their own.
+fn engine_slot(set: &RuleSet, instances: u64) -> (u64, u64) {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mixed = set.rules().iter().fold(set.identity_hash(), |h, r| {
+        let h = (h ^ r.limit()).wrapping_mul(K).rotate_left(29);
+        (h ^ r.capacity()).wrapping_mul(K).rotate_left(29)
+    });
+    (mixed, instances)
+}
+
+/// One rule's state written under engine `from`, carried to `to`: the same
+/// rule (algorithm, period, offset) with another limit or burst, for the same
+/// instance count. What was used is kept, as the Redis scripts keep it:
+///
+/// - GCRA (governor's cell or this crate's): the units still draining stay,
+///   and drain at the new rate. They are counted as `units * period` µs,
+///   exact in this crate's slot (its TAT is µs times the share's limit, so
+///   `TAT - now` is that already) and rounded up from governor's nanoseconds.
+///   More than the new burst is kept too: denied until it has drained.
+/// - Windows: the counts stay; the new limit judges them.
+fn carry(from: &RuleEngine, to: &RuleEngine, rule: &Rule, state: &State, now: Now) -> State {
+    let period_us = u128::from(rule.period_micros().max(1));
+    // Units still draining, times the period in µs.
+    let used = match (from, state) {
+        (_, State::Own(slot @ Slot::Window { .. })) => return State::Own(*slot),
+        (RuleEngine::Governor { t_ns, .. }, State::Governor(tat)) => {
+            let ahead_ns = u128::from(tat.get().saturating_sub(now.mono_ns));
+            (ahead_ns * period_us).div_ceil(u128::from((*t_ns).max(1)))
+        }
+        (RuleEngine::Own(share), State::Own(Slot::Tat(stored))) => {
+            stored.saturating_sub(u128::from(now.unix_us) * u128::from(share.limit))
+        }
+        // States are made from their engine; a mismatch holds nothing.
+        _ => 0,
+    };
+    match to {
+        RuleEngine::Governor { t_ns, .. } if used > 0 => {
+            let ahead_ns = (used * u128::from(*t_ns)).div_ceil(period_us);
+            let ahead_ns = u64::try_from(ahead_ns).unwrap_or(u64::MAX);
+            State::Governor(Tat::new(now.mono_ns.saturating_add(ahead_ns)))
+        }
+        RuleEngine::Governor { .. } => State::Governor(Tat::new(0)),
+        RuleEngine::Own(share) if used > 0 => State::Own(Slot::Tat(
+            u128::from(now.unix_us) * u128::from(share.limit) + used,
+        )),
+        RuleEngine::Own(_) => State::Own(Slot::Tat(0)),
+    }
+}
+
+#[derive(Debug, Clone)]
 struct Denial {
     /// When the cache lets the key ask Redis again: a little before
     /// `retry_until_us` (see [`DENIAL_SPREAD`]).
@@ -310,6 +394,9 @@ struct Denial {
     retry_until_us: u64,
     cost: u64,
     decision: Decision,
+    /// The set Redis denied: a set of the same identity with other limits
+    /// gets no answer from this denial.
+    set: RuleSet,
 }
 
 impl ValueBytes for Denial {}
@@ -336,13 +423,15 @@ const COUNT_BITS: u32 = 20;
 struct Warm {
     seen_at_us: u64,
     expires_us: u64,
-    /// Per rule; its length never changes (a key's identity fixes its rules).
-    remaining: Box<[u64]>,
+    /// Per rule, the remaining Redis reported and the rule's capacity then
+    /// (a seed for other limits keeps what was used); its length never
+    /// changes (a key's identity fixes its rules).
+    remaining: Box<[(u64, u64)]>,
 }
 
 impl ValueBytes for Warm {
     fn value_bytes(&self) -> usize {
-        self.remaining.len() * std::mem::size_of::<u64>()
+        self.remaining.len() * std::mem::size_of::<(u64, u64)>()
     }
 }
 
@@ -378,7 +467,8 @@ pub struct LocalTier {
     buckets: BoundedMap<LocalKey, Bucket>,
     denials: BoundedMap<LocalKey, Denial>,
     warm: BoundedMap<LocalKey, Warm>,
-    /// Engines by (identity hash, instance count), shared by their buckets.
+    /// Engines by (identity and limits hash, instance count), shared by
+    /// their buckets: see `engine_slot`.
     engines: DashMap<(u64, u64), Arc<SetEngine>>,
     ledger: Ledger,
     /// Some bucket may owe units the ledger does not hold yet.
@@ -502,9 +592,17 @@ impl LocalTier {
             key: escaped_key,
         };
         let mut bucket = self.buckets.get_mut(&probe as &dyn Lookup)?;
-        let engine = bucket
-            .current(bucket.engine.as_ref()?.instances, ended)?
+        let written = bucket
+            .written(bucket.engine.as_ref()?.instances, ended)?
             .clone();
+        let engine = if same_limits(&written.set, set) {
+            written
+        } else {
+            // Limits changed since: charge the same usage by the new ones.
+            let engine = self.engine(set, written.instances);
+            bucket.carry_to(&engine, now);
+            engine
+        };
         let mut evals = [Eval::EMPTY; MAX_RULES];
         if check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals) {
             return None;
@@ -529,12 +627,12 @@ impl LocalTier {
                 lock_free,
             })
         };
-        let slot = (set.identity_hash(), instances);
+        let slot = engine_slot(set, instances);
         if let Some(e) = self.engines.get(&slot) {
-            if e.set.same_identity(set) {
+            if e.set.same_identity(set) && same_limits(&e.set, set) {
                 return e.clone();
             }
-            // Two identities with one hash: the second goes uncached.
+            // Two identities (or limits) with one hash: the second goes uncached.
             return make();
         }
         self.engines.entry(slot).or_insert_with(make).clone()
@@ -547,8 +645,10 @@ impl LocalTier {
         engine: &'a SetEngine,
         now: Now,
     ) -> impl Iterator<Item = State> + 'a {
-        let set = key.set();
-        let seeds = self.warm_seeds(key, set.rules().len(), now.unix_us);
+        // The engine's set, not the key's: the key keeps the set that first
+        // made it, whose limits may since have changed.
+        let set = &engine.set;
+        let seeds = self.warm_seeds(key, set, now.unix_us);
         set.rules()
             .iter()
             .zip(engine.rules.iter())
@@ -632,7 +732,7 @@ impl LocalTier {
         };
         // A known key of a one-rule governor set: a shared guard and governor.
         if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup)
-            && let Some(engine) = bucket.current(instances, outage)
+            && let Some(engine) = bucket.current(set, instances, outage)
             && engine.lock_free
             && let (
                 [
@@ -683,19 +783,24 @@ impl LocalTier {
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
         };
-        if bucket.current(instances, outage).is_none() {
-            // A new outage or instance count: fresh states, same debts.
+        if bucket.current(set, instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
-            for (r, state) in b.rules.iter_mut().zip(self.fresh_states(key, &engine, now)) {
-                r.state = state;
+            if b.written(instances, outage).is_some() {
+                // Only the limits or bursts changed: keep what was used.
+                b.carry_to(&engine, now);
+            } else {
+                // A new outage or instance count: fresh states, same debts.
+                for (r, state) in b.rules.iter_mut().zip(self.fresh_states(key, &engine, now)) {
+                    r.state = state;
+                }
+                b.engine = Some(engine.clone());
+                b.outage = outage;
             }
-            b.engine = Some(engine.clone());
-            b.outage = outage;
         }
         let mut evals = [Eval::EMPTY; MAX_RULES];
         let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
         if allowed && record {
-            self.owe(bucket.key(), &bucket.rules, cost, now.unix_us);
+            self.owe(set, bucket.key().key(), &bucket.rules, cost, now.unix_us);
         }
         drop(bucket);
         let evals = &evals[..set.rules().len()];
@@ -711,18 +816,21 @@ impl LocalTier {
         }
     }
 
-    /// Adds `cost` to what each reconciled rule of a bucket owes, moving what
-    /// a window rule owed for an earlier window to the ledger first (a bucket
-    /// owes for one window at a time).
-    fn owe(&self, key: &LocalKey, rules: &[RuleCell], cost: u64, now: u64) {
-        let set = key.set();
+    /// Adds `cost` to what each rule of `set` it reconciles owes for
+    /// `escaped_key`'s bucket, moving what a window rule owed for an earlier
+    /// window to the ledger first (a bucket owes for one window at a time).
+    ///
+    /// `set` is the one checked, not the set the bucket's key was made with:
+    /// both share the storage keys, but the limits may have changed since, and
+    /// the ledger writes back under the latest.
+    fn owe(&self, set: &RuleSet, escaped_key: &str, rules: &[RuleCell], cost: u64, now: u64) {
         for (i, (rule, r)) in set.rules().iter().zip(rules).enumerate() {
             if !set.reconciles(i) {
                 continue;
             }
             let window = window_index(rule, now);
             if r.owed.window.load(Ordering::Relaxed) != window {
-                self.move_owed(key, i, &r.owed);
+                self.move_owed(set, escaped_key, i, &r.owed);
                 r.owed.window.store(window, Ordering::Relaxed);
             }
             r.owed.add(cost, now);
@@ -730,22 +838,23 @@ impl LocalTier {
         self.mark_owing();
     }
 
-    fn move_owed(&self, key: &LocalKey, rule: usize, owed: &Owed) {
-        let set = key.set();
+    fn move_owed(&self, set: &RuleSet, escaped_key: &str, rule: usize, owed: &Owed) {
         if let (Some((units, first, last, _)), Some(r)) = (owed.take(), set.rules().get(rule)) {
             self.ledger
-                .record_span(set.storage_key(key.key(), rule), r, units, first, last);
+                .record_span(set.storage_key(escaped_key, rule), r, units, first, last);
         }
     }
 
-    /// Moves what every bucket owes into the ledger.
+    /// Moves what every bucket owes into the ledger, under the limits its
+    /// states were last checked with.
     fn move_all_owed(&self) {
         if !self.owing.swap(false, Ordering::SeqCst) {
             return;
         }
         self.buckets.for_each(|key, bucket| {
+            let set = bucket.engine.as_ref().map_or(key.set(), |e| &e.set);
             for (i, r) in bucket.rules.iter().enumerate() {
-                self.move_owed(key, i, &r.owed);
+                self.move_owed(set, key.key(), i, &r.owed);
             }
         });
     }
@@ -762,7 +871,7 @@ impl LocalTier {
         };
         if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
             for (i, r) in bucket.rules.iter().enumerate() {
-                self.move_owed(bucket.key(), i, &r.owed);
+                self.move_owed(set, escaped_key, i, &r.owed);
             }
         }
         if self.ledger.is_empty() {
@@ -792,7 +901,7 @@ impl LocalTier {
         };
         // Owing takes atomics only: a shared guard will do for a known key.
         if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
-            self.owe(bucket.key(), &bucket.rules, cost, now);
+            self.owe(set, escaped_key, &bucket.rules, cost, now);
             return;
         }
         let outage = self.outage.load(Ordering::Relaxed);
@@ -809,7 +918,7 @@ impl LocalTier {
                 .collect(),
         });
         match bucket {
-            Some(bucket) => self.owe(bucket.key(), &bucket.rules, cost, now),
+            Some(bucket) => self.owe(set, escaped_key, &bucket.rules, cost, now),
             // No room for the key: straight to the ledger, which counts what
             // it cannot hold.
             None => {
@@ -823,10 +932,24 @@ impl LocalTier {
         }
     }
 
-    fn warm_seeds(&self, key: &LocalKey, rules: usize, now: u64) -> Option<(u64, Vec<u64>)> {
+    /// The remaining Redis last reported for each rule of `set`, and when:
+    /// reported under other limits or bursts, what was used then is kept
+    /// (`capacity - used`, at least 0).
+    fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: u64) -> Option<(u64, Vec<u64>)> {
         let w = self.warm.get(key as &dyn Lookup)?;
-        (w.expires_us > now && w.remaining.len() == rules)
-            .then(|| (w.seen_at_us, w.remaining.to_vec()))
+        let rules = set.rules();
+        (w.expires_us > now && w.remaining.len() == rules.len()).then(|| {
+            let remaining = w
+                .remaining
+                .iter()
+                .zip(rules)
+                .map(|(&(remaining, then), rule)| {
+                    let used = then.saturating_sub(remaining);
+                    rule.capacity().saturating_sub(used)
+                })
+                .collect();
+            (w.seen_at_us, remaining)
+        })
     }
 
     /// Remembers what Redis last reported for a key (per rule: remaining units and
@@ -843,13 +966,13 @@ impl LocalTier {
         let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
             seen_at_us: 0,
             expires_us: 0,
-            remaining: vec![0; set.rules().len()].into_boxed_slice(),
+            remaining: vec![(0, 0); set.rules().len()].into_boxed_slice(),
         }) else {
             return;
         };
         let mut longest = 0u64;
-        for (slot, (r, reset)) in w.remaining.iter_mut().zip(rules) {
-            *slot = r;
+        for ((slot, rule), (r, reset)) in w.remaining.iter_mut().zip(set.rules()).zip(rules) {
+            *slot = (r, rule.capacity());
             longest = longest.max(u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
         }
         w.seen_at_us = now;
@@ -858,7 +981,9 @@ impl LocalTier {
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
     /// key with at least the same cost is denied locally (tier
-    /// [`Tier::DenyCache`]) without a Redis round trip.
+    /// [`Tier::DenyCache`]) without a Redis round trip. Only under the same
+    /// limits and bursts: a set of the same identity with other limits (a
+    /// raised limit, say) asks Redis.
     pub fn cache_denial(&self, escaped_key: &str, set: &RuleSet, cost: u64, decision: &Decision) {
         let Some(retry) = decision.retry_after else {
             return;
@@ -875,15 +1000,20 @@ impl LocalTier {
             retry_until_us,
             cost,
             decision: *decision,
+            set: set.clone(),
         };
         let mut fresh = false;
         let Some(mut d) = self.denials.entry_of(set, escaped_key, |_| {
             fresh = true;
-            denial
+            denial.clone()
         }) else {
             return;
         };
-        if fresh {
+        if fresh || !same_limits(&d.set, set) {
+            // One cached under other limits says nothing about these: replaced.
+            if !fresh {
+                *d = denial;
+            }
             if self.crowded(retry_until_us) {
                 spread(&mut d);
             }
@@ -911,20 +1041,26 @@ impl LocalTier {
             set,
             key: escaped_key,
         };
-        let d = *self.denials.get(&probe as &dyn Lookup)?;
-        if d.until_us <= now {
+        let (until_us, retry_until_us, d_cost, decision) = {
+            let d = self.denials.get(&probe as &dyn Lookup)?;
+            if !same_limits(&d.set, set) {
+                return None;
+            }
+            (d.until_us, d.retry_until_us, d.cost, d.decision)
+        };
+        if until_us <= now {
             // Kept until the retry-after itself, so a re-denial is not spread again.
             self.denials
                 .remove_if(&probe as &dyn Lookup, |d| d.retry_until_us <= now);
             return None;
         }
-        if cost < d.cost {
+        if cost < d_cost {
             return None;
         }
         metrics::counter!("tierlimit_deny_cache_hits_total").increment(1);
-        let mut decision = d.decision;
+        let mut decision = decision;
         decision.tier = Tier::DenyCache;
-        decision.retry_after = Some(us(d.retry_until_us - now));
+        decision.retry_after = Some(us(retry_until_us - now));
         Some(decision)
     }
 
@@ -938,13 +1074,13 @@ impl LocalTier {
         self.sync_clocks(now);
         let outage = self.outage.load(Ordering::Relaxed);
         let settling = now.unix_us < self.settle_until_us.load(Ordering::Relaxed);
-        self.buckets.retain(|key, b| {
+        self.buckets.retain(|_, b| {
             let owes = b
                 .rules
                 .iter()
                 .any(|r| r.owed.units.load(Ordering::Acquire) > 0);
             owes || ((b.outage == outage || (settling && b.outage + 1 == outage))
-                && !b.is_idle(key.set(), now))
+                && !b.is_idle(now))
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);

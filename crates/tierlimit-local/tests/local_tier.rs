@@ -170,13 +170,19 @@ fn each_outage_starts_from_the_warm_seed_not_an_older_bucket() {
 
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
 /// and a bucket was rebuilt whenever the stored set differed, so two sets with
-/// one name (or a rule edited during a rolling deploy) reset each other on
-/// every alternation and applied each other's denials.
+/// one name (or a rule's period edited during a rolling deploy) reset each
+/// other on every alternation and applied each other's denials. (Sets that
+/// differ only in limits share their state since issue 13: see
+/// tests/limit_change.rs.)
 #[test]
 fn two_sets_with_one_name_keep_their_own_local_state() {
     let (local, _) = tier(LocalConfig::default());
     let five = RuleSet::new("same", [Rule::per_hour(5).expect("valid")]).expect("valid");
-    let seven = RuleSet::new("same", [Rule::per_hour(7).expect("valid")]).expect("valid");
+    let seven = RuleSet::new(
+        "same",
+        [Rule::with_period(7, Duration::from_secs(7_200)).expect("valid")],
+    )
+    .expect("valid");
     assert_ne!(five.identity(), seven.identity());
     let (mut a, mut b) = (0, 0);
     for _ in 0..20 {

@@ -12,6 +12,8 @@ use redis::{Cmd, RedisWrite};
 use tierlimit_core::RuleSet;
 
 use crate::CHECK;
+use crate::batch::Queued;
+use crate::script::CHECK_BATCH;
 
 /// Arguments the check script takes per call besides its keys and the rules'
 /// numbers: now, cost, nonce.
@@ -49,6 +51,81 @@ pub(crate) fn check(set: &RuleSet, escaped_key: &str, now: u64, cost: u64, nonce
         }
     }
     cmd
+}
+
+/// `EVALSHA <sha> <numkeys> KEYS... n g (rules (code limit period capacity offset)...)... (set now cost nonce)...`
+/// of the batch script for `batch`, in order (see `lua/check_batch.lua`):
+/// each distinct rule set's numbers once, each check naming its set.
+pub(crate) fn check_batch(batch: &[Queued]) -> Cmd {
+    // Sets are told apart by their numbers (what the script reads), so two
+    // sets of equal rules share one entry. Few sets per batch: a linear scan.
+    let mut sets: Vec<&RuleSet> = Vec::new();
+    let mut set_of: Vec<usize> = Vec::with_capacity(batch.len());
+    for q in batch {
+        let found = sets.iter().position(|s| same_numbers(s, &q.set));
+        set_of.push(match found {
+            Some(i) => i,
+            None => {
+                sets.push(&q.set);
+                sets.len() - 1
+            }
+        });
+    }
+    let keys: usize = batch.iter().map(|q| q.set.rules().len()).sum();
+    let keys_len: usize = batch
+        .iter()
+        .map(|q| {
+            (0..q.set.rules().len())
+                .map(|i| StorageKey::new(&q.set, &q.escaped, i).len())
+                .sum::<usize>()
+        })
+        .sum();
+    let sets_len: usize = sets
+        .iter()
+        .map(|s| {
+            U64_DIGITS
+                + (0..s.rules().len())
+                    .flat_map(|i| s.script_args(i))
+                    .map(str::len)
+                    .sum::<usize>()
+        })
+        .sum();
+    let set_args: usize = sets.iter().map(|s| 1 + 5 * s.rules().len()).sum();
+    let hash = CHECK_BATCH.get_hash();
+    let mut cmd = Cmd::with_capacity(
+        5 + keys + set_args + batch.len() * (1 + CALL_ARGS),
+        "EVALSHA".len()
+            + hash.len()
+            + 3 * U64_DIGITS
+            + keys_len
+            + sets_len
+            + batch.len() * U64_DIGITS * (1 + CALL_ARGS),
+    );
+    cmd.arg("EVALSHA").arg(hash).arg(keys);
+    for q in batch {
+        for i in 0..q.set.rules().len() {
+            cmd.write_arg_fmt(StorageKey::new(&q.set, &q.escaped, i));
+        }
+    }
+    cmd.arg(batch.len()).arg(sets.len());
+    for s in &sets {
+        cmd.arg(s.rules().len());
+        for i in 0..s.rules().len() {
+            for arg in s.script_args(i) {
+                cmd.arg(arg);
+            }
+        }
+    }
+    for (q, set) in batch.iter().zip(set_of) {
+        cmd.arg(set + 1).arg(q.now).arg(q.cost).arg(q.nonce);
+    }
+    cmd
+}
+
+/// Whether the script reads the same numbers for `a` and `b`.
+fn same_numbers(a: &RuleSet, b: &RuleSet) -> bool {
+    a.rules().len() == b.rules().len()
+        && (0..a.rules().len()).all(|i| a.script_args(i) == b.script_args(i))
 }
 
 /// [`RuleSet::storage_key`], formatted where it is written.

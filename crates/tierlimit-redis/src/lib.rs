@@ -1,5 +1,9 @@
-//! The global tier of tierlimit: rate-limit rule sets checked on Redis by one
-//! atomic Lua script call per check, under a hard deadline.
+//! The global tier of tierlimit: rate-limit rule sets checked on Redis by
+//! atomic Lua scripts, under a hard deadline.
+//!
+//! A check on an idle connection is one script call; checks that arrive while
+//! a call is in flight go together in the next call (adaptive batching, see
+//! [`RedisTier::check_key`]), each decided as it would have been alone.
 //!
 //! Every rule of a [`RuleSet`](tierlimit_core::RuleSet) is checked first and
 //! committed only if all admit, whatever their algorithms (GCRA, token bucket,
@@ -47,6 +51,7 @@
 //! [`redact_url`], never with their password.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod batch;
 mod command;
 mod config;
 mod failure;
@@ -55,6 +60,7 @@ mod script;
 mod tier;
 mod verdict;
 
+pub use batch::{CheckKey, Checked};
 pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{

@@ -74,8 +74,8 @@ pub const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
 /// ```
 pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 
-/// The whole check script: `lua/common.lua` and the algorithm fragments followed by `lua/check.lua`,
-/// its main body, whose header states the protocol (KEYS, ARGV, reply).
+/// The whole check script: `lua/common.lua`, the algorithm fragments and
+/// `lua/decide.lua` (the decision) followed by `lua/check.lua`, its main body, whose header states the protocol (KEYS, ARGV, reply).
 ///
 /// # Examples
 ///
@@ -84,7 +84,20 @@ pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 /// let src = tierlimit_redis::CHECK_SOURCE;
 /// assert!(src.find("local function gcra_check").unwrap() < src.find("local CHECKS").unwrap());
 /// ```
-pub const CHECK_SOURCE: &str = with_algorithms!("../lua/check.lua");
+pub const CHECK_SOURCE: &str = concat!(
+    with_algorithms!("../lua/decide.lua"),
+    include_str!("../lua/check.lua")
+);
+
+/// The batch script: [`CHECK_SOURCE`]'s fragments followed by
+/// `lua/check_batch.lua`, which decides many checks in one call, one after the
+/// other, each as [`CHECK`] would alone (see its header for the protocol).
+pub(crate) static CHECK_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        with_algorithms!("../lua/decide.lua"),
+        include_str!("../lua/check_batch.lua")
+    ))
+});
 
 /// The check script ([`CHECK_SOURCE`]), ready for `EVALSHA`: one call checks a
 /// request against every rule of a rule set and commits it only if all admit.
@@ -106,7 +119,7 @@ pub const CHECK_SOURCE: &str = with_algorithms!("../lua/check.lua");
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
 /// // One GCRA rule, 3 per second, burst 3, server time, cost 1.
 /// let reply: Vec<i64> = tierlimit_redis::CHECK
-///     .key("tl:{user:42}:api:g1000000x3")
+///     .key("tl:{user:42}:api:g1000000")
 ///     .arg("0").arg(1).arg(12345u64) // now (server TIME), cost, nonce
 ///     .arg(1).arg(3).arg(1_000_000).arg(3).arg(0) // code, limit, period_us, capacity, offset_us
 ///     .invoke_async(conn)
@@ -153,7 +166,7 @@ pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
 /// ```no_run
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
 /// // 4 units admitted locally under a GCRA rule of 10 per minute.
-/// let key = "tl:{user:42}:api:g60000000x10";
+/// let key = "tl:{user:42}:api:g60000000";
 /// let (status, applied): (i64, i64) = tierlimit_redis::RECONCILE
 ///     .key(key)
 ///     .key(format!("{key}:rc:batch-1")) // the batch marker

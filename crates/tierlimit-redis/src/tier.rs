@@ -1,4 +1,5 @@
-//! The global tier: one script call per check, under a hard deadline.
+//! The global tier: one script call per check or per batch of concurrent
+//! checks, under a hard deadline.
 
 use std::fmt;
 use std::future::Future;
@@ -16,10 +17,12 @@ use tierlimit_core::{
     Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
 };
 
+use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
 use crate::reconcile::{WriteBack, Written, reconcile_cmd, written};
+use crate::script::CHECK_BATCH;
 use crate::verdict::parse_verdict;
 use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 
@@ -79,6 +82,8 @@ struct Inner {
     /// The reconcile script was loaded on the server since the connections
     /// were last dropped (every probe drops them); see [`RedisTier::check_after`].
     reconcile_loaded: AtomicBool,
+    /// Checks waiting for the call in flight (see `batch.rs`).
+    batcher: Batcher,
 }
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
@@ -144,6 +149,7 @@ impl RedisTier {
                 replacing: AtomicBool::new(false),
                 replaced: AtomicU64::new(0),
                 reconcile_loaded: AtomicBool::new(false),
+                batcher: Batcher::new(config.max_batch),
             }),
         })
     }
@@ -165,13 +171,173 @@ impl RedisTier {
     /// Bad input ([`validate_key`], [`RuleSet::validate_cost`]) is refused
     /// before any I/O. A [`Timeout`](tierlimit_core::RedisFailure::Timeout)
     /// means the outcome is unknown: the script may still have run.
+    ///
+    /// Concurrent checks are batched: see [`check_key`](Self::check_key).
     pub async fn check(&self, key: &str, set: &RuleSet, cost: u64) -> Result<Verdict> {
-        let cmd = &self.check_cmd(key, set, cost)?;
+        self.check_key(&CheckKey::new(key)?, set, cost).await.result
+    }
+
+    /// [`check`](Self::check) of a key validated and escaped already, with
+    /// whether this check speaks for its script call.
+    ///
+    /// Checks are batched adaptively ([`RedisTierConfig::max_batch`]): a check
+    /// that finds fewer than two calls of this tier's checks in flight sends
+    /// its own call at once; checks that arrive while one is in flight queue and then go
+    /// together, in arrival order, in one call of the batch script
+    /// (`lua/check_batch.lua`), which decides each exactly as a lone call
+    /// would have and answers one reply per check. A check never waits longer
+    /// than its deadline (counted from its arrival): past it, it fails with a
+    /// [`Timeout`](tierlimit_core::RedisFailure::Timeout) whether it was still
+    /// queued or in a call. When a call fails, every check of it fails as a
+    /// lone call would, and one of them has [`Checked::counts_call`] set, so a
+    /// circuit breaker counts one failed call, not one per check.
+    ///
+    /// All keys of one check share a hash tag, so a batch splits by Cluster
+    /// slot along check boundaries.
+    pub async fn check_key(&self, key: &CheckKey<'_>, set: &RuleSet, cost: u64) -> Checked {
+        if let Err(e) = set.validate_cost(cost) {
+            return Checked {
+                result: Err(e),
+                counts_call: false,
+            };
+        }
+        let now = self.now_arg();
+        let nonce = fastrand::u64(..);
+        let batcher = &self.inner.batcher;
+        if !batcher.enabled() {
+            return Checked {
+                result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
+                counts_call: true,
+            };
+        }
+        let deadline = tokio::time::Instant::now() + self.inner.deadline;
+        let entry = batcher.enter(|tx| Queued {
+            escaped: key.escaped().to_owned(),
+            set: set.clone(),
+            cost,
+            now,
+            nonce,
+            deadline,
+            tx,
+        });
+        match entry {
+            Entry::Send => {
+                let _flight = Flight(self);
+                Checked {
+                    result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
+                    counts_call: true,
+                }
+            }
+            Entry::Wait(rx, full) => {
+                if let Some(full) = full {
+                    self.spawn_batch(full);
+                }
+                match tokio::time::timeout_at(deadline, rx).await {
+                    Ok(Ok(checked)) => checked,
+                    // Past its deadline, or its batch was dropped unsent
+                    // (the runtime is shutting down): either way no answer.
+                    _ => Checked {
+                        result: Err(timeout()),
+                        counts_call: false,
+                    },
+                }
+            }
+        }
+    }
+
+    /// One check in one call of the check script.
+    async fn check_alone(
+        &self,
+        escaped: &str,
+        set: &RuleSet,
+        cost: u64,
+        now: u64,
+        nonce: u64,
+    ) -> Result<Verdict> {
+        let cmd = &command::check(set, escaped, now, cost, nonce);
         let reply = self
             .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd)))
             .await
             .map_err(Failure::into_error)?;
         parse_verdict(reply, set)
+    }
+
+    /// Sends `batch` from a task of its own (the call in flight continues
+    /// meanwhile on the same connection).
+    fn spawn_batch(&self, batch: Vec<Queued>) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let tier = self.clone();
+                runtime.spawn(async move {
+                    let _flight = Flight(&tier);
+                    tier.send_batch(batch).await;
+                });
+            }
+            Err(_) => self.inner.batcher.abandon(),
+        }
+    }
+
+    /// One call for the checks of `batch` whose callers still wait, under the
+    /// earliest of their deadlines; every one gets its answer.
+    async fn send_batch(&self, mut batch: Vec<Queued>) {
+        let now = tokio::time::Instant::now();
+        batch.retain(|q| !q.tx.is_closed() && q.deadline > now);
+        let Some(deadline) = batch.iter().map(|q| q.deadline).min() else {
+            return;
+        };
+        let budget = deadline - now;
+        let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
+            let cmd = &command::check(&q.set, &q.escaped, q.now, q.cost, q.nonce);
+            let reply = self
+                .call_on(&self.inner.conn, budget, |conn| {
+                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd))
+                })
+                .await;
+            vec![
+                reply
+                    .map_err(Failure::into_error)
+                    .and_then(|r| parse_verdict(r, &q.set)),
+            ]
+        } else {
+            let cmd = &command::check_batch(&batch);
+            let reply = self
+                .call_on(&self.inner.conn, budget, |conn| {
+                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd))
+                })
+                .await;
+            match reply {
+                Ok(Value::Array(items)) if items.len() == batch.len() => items
+                    .into_iter()
+                    .zip(&batch)
+                    .map(|(item, q)| match item {
+                        Value::ServerError(e) => Err(classify_server(e)),
+                        item => parse_verdict(item, &q.set),
+                    })
+                    .collect(),
+                Ok(other) => {
+                    let what =
+                        format!("batch script answered {other:?} for {} checks", batch.len());
+                    batch
+                        .iter()
+                        .map(|_| {
+                            Err(Error::redis(
+                                tierlimit_core::RedisFailure::MalformedReply,
+                                Some(what.clone().into()),
+                            ))
+                        })
+                        .collect()
+                }
+                Err(failure) => batch.iter().map(|_| Err(failure.to_error())).collect(),
+            }
+        };
+        let reports = reporter(&results);
+        for (i, (q, result)) in batch.into_iter().zip(results).enumerate() {
+            // A caller that gave up meanwhile dropped its receiver: nothing to do.
+            let _ = q.tx.send(Checked {
+                result,
+                counts_call: i == reports,
+            });
+        }
     }
 
     /// Checks independent requests in one pipelined round trip, under one
@@ -302,7 +468,7 @@ impl RedisTier {
         }
         let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 1] = [&RECONCILE];
-        self.call_on(&self.inner.bulk, |conn| {
+        self.call_on(&self.inner.bulk, self.inner.deadline, |conn| {
             pipeline_scripts(conn, &scripts, &pipe, &mut replies)
         })
         .await
@@ -327,7 +493,22 @@ impl RedisTier {
         cost: u64,
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
-        let check = self.check_cmd(key, set, cost)?;
+        self.check_after_key(&CheckKey::new(key)?, set, cost, writes)
+            .await
+    }
+
+    /// [`check_after`](Self::check_after) of a key validated and escaped
+    /// already. Never batched with other checks: the write-backs and the check
+    /// go in one pipeline of their own.
+    pub async fn check_after_key(
+        &self,
+        key: &CheckKey<'_>,
+        set: &RuleSet,
+        cost: u64,
+        writes: &[WriteBack<'_>],
+    ) -> Result<(Verdict, Vec<Result<Written>>)> {
+        set.validate_cost(cost)?;
+        let check = command::check(set, key.escaped(), self.now_arg(), cost, fastrand::u64(..));
         let mut pipe = self.writeback_pipeline(writes, 1)?;
         pipe.add_command(check);
         let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
@@ -501,14 +682,16 @@ impl RedisTier {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        self.call_on(&self.inner.conn, op).await
+        self.call_on(&self.inner.conn, self.inner.deadline, op)
+            .await
     }
 
     /// Runs `op` on the connection in `slot` (made now if there is none yet),
-    /// all under the deadline.
+    /// all within `budget` (at most the deadline).
     async fn call_on<T, F, Fut>(
         &self,
         slot: &ArcSwapOption<ConnectionManager>,
+        budget: Duration,
         op: F,
     ) -> std::result::Result<T, Failure>
     where
@@ -519,7 +702,7 @@ impl RedisTier {
             let conn = self.connection(slot)?;
             op(conn).await
         };
-        match tokio::time::timeout(self.inner.deadline, work).await {
+        match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(Failure::Redis(e)),
             Err(_) => Err(Failure::Timeout),
@@ -624,6 +807,18 @@ fn install_crypto_provider() {
 impl Inner {
     fn new_manager(&self) -> RedisResult<ConnectionManager> {
         ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
+    }
+}
+
+/// A call of checks in flight: when it ends, however it ends (its future
+/// dropped included), the checks queued meanwhile are sent.
+struct Flight<'a>(&'a RedisTier);
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if let Some(next) = self.0.inner.batcher.done() {
+            self.0.spawn_batch(next);
+        }
     }
 }
 

@@ -152,16 +152,28 @@ fn sliding_log_limit_above_its_bound() {
 }
 
 /// The same rule twice would put one storage key twice into one script call,
-/// which the script refuses (it could not commit both whole).
+/// which the script refuses (it could not commit both whole). So would two
+/// rules that differ only in limit or burst (issue 13: those are not part of
+/// the storage key).
 #[test]
 fn duplicate_rule() {
     let r = Rule::per_second(10).expect("valid");
     let m = Rule::per_minute(10).expect("valid");
     assert!(matches!(
-        RuleSet::new("api", [r.clone(), m, r]),
+        RuleSet::new("api", [r.clone(), m.clone(), r]),
         Err(Error::DuplicateRule {
             first: 0,
             second: 2
+        })
+    ));
+    let wider = Rule::per_minute(50)
+        .and_then(|r| r.with_burst(5))
+        .expect("valid");
+    assert!(matches!(
+        RuleSet::new("api", [m, wider]),
+        Err(Error::DuplicateRule {
+            first: 0,
+            second: 1
         })
     ));
 }

@@ -15,8 +15,8 @@ use tierlimit_test::RedisServer;
 
 use support::dump;
 
-const GCRA_KEY: &str = "tl:{u}:api:g60000000x10";
-const LOG_KEY: &str = "tl:{u}:api:l60000000x10";
+const GCRA_KEY: &str = "tl:{u}:api:g60000000";
+const LOG_KEY: &str = "tl:{u}:api:l60000000";
 
 /// A valid call: GCRA 10 per minute and a sliding log 10 per minute, cost 1.
 fn good_check() -> (Vec<String>, Vec<String>) {

@@ -2,6 +2,9 @@
 //!
 //! - [`RedisServer`]: a real `redis-server` child process on a free loopback
 //!   port, with helpers to kill, restart, pause and inspect it.
+//! - [`RedisCluster`]: a real Redis Cluster of 3 masters and 3 replicas, with
+//!   helpers to find a key's master, fail over and wait until every slot is
+//!   served again.
 //! - [`FaultProxy`]: an in-process TCP proxy in front of a server that can add
 //!   latency, hang, refuse, reset or drop replies, switchable at run time.
 //! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
@@ -12,12 +15,14 @@
 //! What the chaos suite's programs use as well returns errors instead
 //! ([`MemoryFiller`], [`FaultProxy::listen`], [`FaultProxy::try_set`]).
 
+mod cluster;
 mod filler;
 mod load;
 mod proxy;
 mod serial;
 mod server;
 
+pub use cluster::{ClusterNode, RedisCluster};
 pub use filler::MemoryFiller;
 pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};

@@ -274,6 +274,14 @@ impl RedisServer {
         self.pid
     }
 
+    /// The last `lines` lines of the server's log (its stdout and stderr),
+    /// for failure messages; empty when there is none yet.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Whether a server process is currently running (it may be paused).
     pub fn is_running(&self) -> bool {
         self.child.is_some()

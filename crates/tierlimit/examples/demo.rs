@@ -1,7 +1,9 @@
 //! A burst of checks against two rule sets, printed as a table.
 //!
 //! Uses `REDIS_URL` when set; otherwise starts its own `redis-server` on a free
-//! loopback port (and stops it at the end). Run it with `scripts/demo`.
+//! loopback port (and stops it at the end). Run it with
+//! `cargo run -p tierlimit --example demo` (`scripts/demo` runs the failover
+//! demo of the `tierlimit` command instead).
 
 use std::time::Duration;
 

@@ -52,6 +52,51 @@
 //! # let _ = limiter; Ok(()) }
 //! ```
 //!
+//! # Config file
+//!
+//! With the `config` feature (on by default), a TOML file sets up the
+//! limiter and its rule sets: [`Config::load`] checks every field (unknown
+//! ones included) and reports every mistake at once, each with its path and
+//! line (`rule_sets.login.rules[1].limit: must be at least 1`);
+//! [`HybridLimiter::from_config`] builds a limiter that holds the file's rule
+//! sets by name ([`HybridLimiter::check_by_name`]).
+//! Rules are written as `"10/s"`, `"100/min"` or `"1000/day@+08:00"` (a
+//! calendar day in UTC+8), or as tables that pick the algorithm and burst.
+//! The format, with a complete example file, is in the [`config`] module.
+//!
+//! # Hot reload
+//!
+//! [`HybridLimiter::reload`] (a [`Config`]), [`HybridLimiter::reload_file`]
+//! and [`HybridLimiter::watch_config`] (the `watch` feature, on by default:
+//! reloads whenever the file changes, debounced) put new rule sets and
+//! policies in force at once; [`HybridLimiter::replace_rule_sets`] does the
+//! same from code.
+//!
+//! * A check in flight finishes on the sets it started with; no check is lost
+//!   or counted twice.
+//! * **A changed limit keeps what was used.** A rule's storage key names its
+//!   algorithm, period and UTC offset, not its limit or burst, so raising 100
+//!   to 200 per minute leaves a key that used 80 with 120, and lowering it to
+//!   50 denies until usage drains below 50: on Redis (GCRA and the token
+//!   bucket rescale their stored state, the windows keep their counts) and in
+//!   the local tier alike. Changing a rule's algorithm or period starts it
+//!   afresh under a new key (the old one expires by its TTL).
+//! * A file that does not load changes nothing: the error is returned,
+//!   logged, and counted in `tierlimit_config_reloads_total{result="rejected"}`.
+//! * Settings that only apply at start (Redis URL, deadline, breaker, local
+//!   bounds, ...) are kept, and named in [`ReloadReport::needs_restart`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tierlimit::{Config, HybridLimiter};
+//!
+//! let limiter = HybridLimiter::from_config(&Config::load("tierlimit.toml")?)?;
+//! let _watch = limiter.watch_config("tierlimit.toml", Duration::from_millis(250))?;
+//! let decision = limiter.check_by_name("login", "user:42", 1).await?;
+//! # let _ = decision; Ok(()) }
+//! ```
+//!
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade (install any
@@ -80,6 +125,7 @@
 //! | `tierlimit_reconciled_units_total` | counter | count | `limiter` |
 //! | `tierlimit_reconcile_batches_retried_total` | counter | count | `limiter` |
 //! | `tierlimit_reconcile_parked_total` | counter | count | `limiter` |
+//! | `tierlimit_config_reloads_total` | counter | count | `limiter`, `result` (applied, rejected) |
 //! | `tierlimit_local_keys_refused_total` | counter | count | |
 //! | `tierlimit_deny_cache_hits_total` | counter | count | |
 //! | `tierlimit_ledger_dropped_units_total` | counter | count | `reason` (expired, overflow, dropped) |
@@ -106,16 +152,26 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod breaker;
+#[cfg(feature = "config")]
+pub mod config;
 mod instances;
 mod limiter;
 mod metrics;
+mod named;
 mod reconcile;
+#[cfg(feature = "config")]
+mod reload;
 mod tasks;
 mod view;
 
 pub use breaker::{BreakerConfig, BreakerState};
+#[cfg(feature = "config")]
+pub use config::{Config, ConfigError, ConfigProblem};
 pub use limiter::{HybridLimiter, HybridLimiterBuilder, Instances, ShutdownReport};
+pub use named::ReloadReport;
 pub use reconcile::{ReconcileConfig, ReconcileStats};
+#[cfg(feature = "watch")]
+pub use reload::ConfigWatch;
 pub use tierlimit_core::{
     Algorithm, Clock, Decision, Error, FakeClock, Policy, RedisFailure, Result, Rule, RuleSet,
     RuleState, SystemClock, Tier,

@@ -1,16 +1,14 @@
 //! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
 
-use std::borrow::Cow;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
     Clock, Decision, Error, Policy, Result, Rule, RuleSet, RuleState, SystemClock, Tier,
-    escape_key, validate_key,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
-use tierlimit_redis::{RedisTier, RedisTierConfig, TimeSource, redact_url};
+use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -18,22 +16,23 @@ use tracing::Instrument;
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, FailureOutcome};
 use crate::instances::InstanceCount;
 use crate::metrics::{self, Labels};
+use crate::named::{NamedSets, ReloadReport};
 use crate::reconcile::{self, ReconcileConfig, ReconcileStats, Reconciler};
 use crate::tasks;
 use crate::view::{BreakerView, LocalView};
 
 /// The shortest heartbeat interval: a beat is a script call on Redis.
-const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+pub(crate) const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
 /// The shortest pruning interval.
-const MIN_PRUNE: Duration = Duration::from_millis(1);
+pub(crate) const MIN_PRUNE: Duration = Duration::from_millis(1);
 /// The longest interval of a periodic task: a longer one would leave the
 /// instance count or the local maps stale for longer than any useful window.
-const MAX_PERIODIC: Duration = Duration::from_secs(60 * 60);
+pub(crate) const MAX_PERIODIC: Duration = Duration::from_secs(60 * 60);
 /// The longest instance TTL: an instance gone for a day no longer shares any
 /// limit worth keeping its share small for.
-const MAX_INSTANCE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const MAX_INSTANCE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-fn in_range(field: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+pub(crate) fn in_range(field: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
     if value < min || value > max {
         return Err(Error::InvalidConfig {
             what: format!("{field} must be {min:?} to {max:?} (got {value:?})"),
@@ -81,13 +80,15 @@ pub struct HybridLimiterBuilder {
     instances: Instances,
     group: String,
     name: Option<String>,
-    heartbeat_every: Duration,
-    instance_ttl: Duration,
+    pub(crate) heartbeat_every: Duration,
+    pub(crate) instance_ttl: Duration,
     prune_every: Duration,
     breaker: BreakerConfig,
     local: LocalConfig,
     reconcile: ReconcileConfig,
     clock: Arc<dyn Clock>,
+    rule_sets: Vec<RuleSet>,
+    max_batch: Option<usize>,
 }
 
 /// A Redis URL whose `Debug` hides its credentials, so the builder's derived
@@ -120,6 +121,20 @@ impl std::fmt::Debug for RedisTls {
 }
 
 impl HybridLimiterBuilder {
+    /// Rule sets the limiter holds by name, for
+    /// [`check_by_name`](HybridLimiter::check_by_name), replaced whole by a
+    /// [reload](HybridLimiter::replace_rule_sets). Calls add up; two sets of
+    /// one name are an [`Error::DuplicateRuleSet`] from
+    /// [`build`](Self::build). A set without a [policy](RuleSet::with_policy)
+    /// is answered by the [default policy](Self::default_policy).
+    ///
+    /// Any [`RuleSet`] can still be checked with [`check`](HybridLimiter::check),
+    /// named here or not.
+    pub fn rule_sets(mut self, sets: impl IntoIterator<Item = RuleSet>) -> Self {
+        self.rule_sets.extend(sets);
+        self
+    }
+
     /// The Redis URL. Required. See [`RedisTierConfig::new`] for the forms:
     /// `redis://host:port/db`, `redis://user:password@host:port/db` for an
     /// ACL user, `rediss://…` for TLS (the `tls` feature, on by default; the
@@ -157,6 +172,13 @@ impl HybridLimiterBuilder {
     /// longer for Redis.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// The most checks one Redis script call may carry (default 32; 1 turns
+    /// batching off): see [`RedisTierConfig::max_batch`].
+    pub fn max_batch(mut self, checks: usize) -> Self {
+        self.max_batch = Some(checks);
         self
     }
 
@@ -305,9 +327,12 @@ impl HybridLimiterBuilder {
         } else {
             TimeSource::Server
         };
-        let redis_config = RedisTierConfig::new(url)
+        let mut redis_config = RedisTierConfig::new(url)
             .deadline(self.deadline)
             .time_source(time);
+        if let Some(checks) = self.max_batch {
+            redis_config = redis_config.max_batch(checks);
+        }
         #[cfg(feature = "tls")]
         let redis_config = {
             let mut config = redis_config;
@@ -321,6 +346,7 @@ impl HybridLimiterBuilder {
         };
         let redis = RedisTier::new(redis_config)?;
         self.reconcile.validate()?;
+        let named = NamedSets::new(self.rule_sets)?;
         let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
         let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
         let local = LocalTier::new(self.local, self.clock.clone())?;
@@ -342,9 +368,13 @@ impl HybridLimiterBuilder {
             wake: Notify::new(),
             drain_wake: Arc::new(Notify::new()),
             reconciler: Reconciler::new(self.reconcile),
+            named,
+            #[cfg(feature = "config")]
+            built_from: std::sync::Mutex::new(None),
             labels,
         });
         metrics::describe();
+        metrics::zero_series(&inner.labels);
         let tasks = tasks::spawn_all(&handle, &inner);
         Ok(HybridLimiter {
             inner,
@@ -375,6 +405,11 @@ pub(crate) struct Inner {
     /// Wakes the reconciler when the breaker closes.
     pub(crate) drain_wake: Arc<Notify>,
     pub(crate) reconciler: Reconciler,
+    named: NamedSets,
+    /// The config of the last build or reload from one: what a reload
+    /// compares its start-only settings with.
+    #[cfg(feature = "config")]
+    built_from: std::sync::Mutex<Option<crate::config::Config>>,
     pub(crate) labels: Labels,
 }
 
@@ -470,6 +505,8 @@ impl HybridLimiter {
             local: LocalConfig::default(),
             reconcile: ReconcileConfig::default(),
             clock: Arc::new(SystemClock),
+            rule_sets: Vec::new(),
+            max_batch: None,
         }
     }
 
@@ -486,6 +523,63 @@ impl HybridLimiter {
     /// data), the tier that decided and whether it admitted.
     pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
         self.check_into(key, rule_set, cost, None).await
+    }
+
+    /// As [`check`](Self::check), with the rule set this limiter holds under
+    /// `set_name` (from [`HybridLimiterBuilder::rule_sets`], a config file, or
+    /// the last [reload](Self::replace_rule_sets)).
+    ///
+    /// The set is taken once, when the check starts: a reload while it runs
+    /// does not change it, and the next check sees the reloaded set. A name
+    /// the limiter does not hold is [`Error::UnknownRuleSet`].
+    pub async fn check_by_name(&self, set_name: &str, key: &str, cost: u64) -> Result<Decision> {
+        let set = self.named_set(set_name)?;
+        self.check_into(key, &set, cost, None).await
+    }
+
+    fn named_set(&self, name: &str) -> Result<RuleSet> {
+        self.inner
+            .named
+            .get(name)
+            .ok_or_else(|| Error::UnknownRuleSet { name: name.into() })
+    }
+
+    /// The rule set held under `name` now, if any (see
+    /// [`check_by_name`](Self::check_by_name)).
+    pub fn rule_set(&self, name: &str) -> Option<RuleSet> {
+        self.inner.named.get(name)
+    }
+
+    /// Every rule set held by name now, sorted by name.
+    pub fn rule_sets(&self) -> Vec<RuleSet> {
+        self.inner.named.all()
+    }
+
+    /// Puts `sets` in force instead of the named rule sets held now, whole and
+    /// at once, and says what changed; limits can so change while the
+    /// limiter runs.
+    ///
+    /// * Checks in flight finish on the sets they started with; every check
+    ///   after this returns uses the new ones. No check is lost or decided
+    ///   twice by a reload.
+    /// * A set whose rules keep their algorithm, period and UTC offset keeps
+    ///   its state when only a limit or burst changes: what keys used under
+    ///   the old limit counts against the new one, on Redis and in the local
+    ///   tier (see [`RuleSet::identity`]).
+    /// * Two sets of one name are an [`Error::DuplicateRuleSet`], and nothing
+    ///   changes.
+    ///
+    /// Counted in `tierlimit_config_reloads_total` (`result` = applied or
+    /// rejected).
+    pub fn replace_rule_sets(
+        &self,
+        sets: impl IntoIterator<Item = RuleSet>,
+    ) -> Result<ReloadReport> {
+        self.inner.replace_rule_sets(sets.into_iter().collect())
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// As [`check`](Self::check), and also every rule's state, in the set's
@@ -550,9 +644,7 @@ impl HybridLimiter {
             // Boxed: the Redis call's future is large, and a check's future
             // that held it inline would be copied whole on every check, the
             // local ones included (they measured 4x slower for it).
-            Here::AskRedis(escaped) => {
-                Box::pin(self.ask_redis(key, &escaped, rule_set, cost, rules)).await
-            }
+            Here::AskRedis(key) => Box::pin(self.ask_redis(&key, rule_set, cost, rules)).await,
         }
     }
 
@@ -566,54 +658,60 @@ impl HybridLimiter {
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Here<'k>> {
-        validate_key(key)?;
+        let key = CheckKey::new(key)?;
         rule_set.validate_cost(cost)?;
         let inner = &*self.inner;
-        let escaped = escape_key(key);
-        if let Some(denied) = inner.local.cached_denial(&escaped, rule_set, cost) {
+        let escaped = key.escaped();
+        if let Some(denied) = inner.local.cached_denial(escaped, rule_set, cost) {
             return Ok(Here::Decided(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
-            if let Some(denied) = inner.local.settling(&escaped, rule_set, cost) {
+            if let Some(denied) = inner.local.settling(escaped, rule_set, cost) {
                 return Ok(Here::Decided(inner.count(rule_set, denied)));
             }
-            return Ok(Here::AskRedis(escaped));
+            return Ok(Here::AskRedis(key));
         }
-        let decision = inner.fallback(&escaped, rule_set, cost, rules);
+        let decision = inner.fallback(escaped, rule_set, cost, rules);
         Ok(Here::Decided(inner.count(rule_set, decision)))
     }
 
     /// A check Redis is asked for (the breaker allows it).
     async fn ask_redis(
         &self,
-        key: &str,
-        escaped: &str,
+        key: &CheckKey<'_>,
         rule_set: &RuleSet,
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Decision> {
         let inner = &*self.inner;
+        let escaped = key.escaped();
         let started = Instant::now();
         // What this key used locally reaches Redis before its quota does.
         let claims = inner.local.claim_pending(escaped, rule_set);
-        let result = if claims.is_empty() {
-            inner.redis.check(key, rule_set, cost).await
+        // A batch of checks is one Redis call: only one of its checks
+        // (`counts_call`) reports it to the breaker, success or failure.
+        let (result, counts_call) = if claims.is_empty() {
+            let checked = inner.redis.check_key(key, rule_set, cost).await;
+            (checked.result, checked.counts_call)
         } else {
             let writes = reconcile::writes(&claims);
-            inner
+            let result = inner
                 .redis
-                .check_after(key, rule_set, cost, &writes)
+                .check_after_key(key, rule_set, cost, &writes)
                 .await
                 .map(|(verdict, written)| {
                     reconcile::settle(inner, &claims, written);
                     verdict
-                })
+                });
+            (result, true)
         };
         let latency = started.elapsed();
         inner.labels.redis_call(latency.as_secs_f64());
         match result {
             Ok(verdict) => {
-                inner.breaker.record_success(latency);
+                if counts_call {
+                    inner.breaker.record_success(latency);
+                }
                 let decision = verdict.decision;
                 inner.local.remember(
                     escaped,
@@ -630,8 +728,10 @@ impl HybridLimiter {
             }
             Err(e) if e.is_bad_input() => Err(e),
             Err(e) => {
-                let outcome = inner.breaker.record_failure(latency, e.is_timeout());
-                inner.after_failure(outcome);
+                if counts_call {
+                    let outcome = inner.breaker.record_failure(latency, e.is_timeout());
+                    inner.after_failure(outcome);
+                }
                 let mut decision = inner.fallback(escaped, rule_set, cost, rules);
                 decision.redis_failure = e.redis_failure();
                 Ok(inner.count(rule_set, decision))
@@ -761,11 +861,52 @@ impl std::fmt::Display for KeyHash<'_> {
 /// What [`HybridLimiter::decide_here`] found.
 enum Here<'k> {
     Decided(Decision),
-    /// Redis decides; the key, escaped.
-    AskRedis(Cow<'k, str>),
+    /// Redis decides; the key, validated and escaped.
+    AskRedis(CheckKey<'k>),
 }
 
 impl Inner {
+    pub(crate) fn replace_rule_sets(&self, sets: Vec<RuleSet>) -> Result<ReloadReport> {
+        let result = self.named.replace(sets);
+        match &result {
+            Ok(report) => {
+                self.labels.reload(true);
+                tracing::info!(
+                    generation = report.generation,
+                    added = ?report.added,
+                    removed = ?report.removed,
+                    changed = ?report.changed,
+                    "rule sets reloaded"
+                );
+            }
+            Err(e) => {
+                self.labels.reload(false);
+                tracing::warn!(error = %e, "rule set reload rejected; the sets in force are kept");
+            }
+        }
+        result
+    }
+
+    /// Remembers the config the limiter was built from, to tell a reload
+    /// which of its settings need a restart.
+    #[cfg(feature = "config")]
+    pub(crate) fn set_built_from(&self, config: crate::config::Config) {
+        *self.built_from.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    }
+
+    /// Takes `config` as the one in force; the settings it changes that only
+    /// apply at start (none when the limiter was not built from a config).
+    #[cfg(feature = "config")]
+    pub(crate) fn swap_built_from(&self, config: crate::config::Config) -> Vec<String> {
+        let mut built = self.built_from.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = built
+            .as_ref()
+            .map(|old| old.restart_changes(&config))
+            .unwrap_or_default();
+        *built = Some(config);
+        changed
+    }
+
     fn count(&self, set: &RuleSet, decision: Decision) -> Decision {
         self.labels.decision(set, &decision);
         decision

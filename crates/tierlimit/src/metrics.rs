@@ -34,6 +34,7 @@ pub(crate) const LEDGER_OLDEST: &str = "tierlimit_ledger_oldest_seconds";
 pub(crate) const RECONCILED_UNITS: &str = "tierlimit_reconciled_units_total";
 pub(crate) const BATCHES_RETRIED: &str = "tierlimit_reconcile_batches_retried_total";
 pub(crate) const PARKED: &str = "tierlimit_reconcile_parked_total";
+pub(crate) const RELOADS: &str = "tierlimit_config_reloads_total";
 // Counted by the local tier itself (no limiter label: counters add up).
 const LOCAL_REFUSED: &str = "tierlimit_local_keys_refused_total";
 const DENY_CACHE_HITS: &str = "tierlimit_deny_cache_hits_total";
@@ -115,6 +116,11 @@ pub(crate) const ALL: &[(&str, Unit, &str)] = &[
         "Ledger entries Redis refused on their own (e.g. WRONGTYPE), set aside so the others drain.",
     ),
     (
+        RELOADS,
+        Unit::Count,
+        "Reloads of the rule sets (from a config file or in code), by result (applied, rejected: the sets in force were kept).",
+    ),
+    (
         LOCAL_REFUSED,
         Unit::Count,
         "Local fallback checks refused because the bucket map was full.",
@@ -143,6 +149,34 @@ pub(crate) fn describe() {
         } else {
             describe_gauge!(name, unit, help);
         }
+    }
+}
+
+/// Sets every counter series a limiter may create later to 0 (the labelled
+/// ones for `labels`' limiter), so an exporter lists every metric from the
+/// first scrape, and `rate()` and alerts see a 0 rather than a missing
+/// series until the first event. Called by every `build()`; decision
+/// counters appear with their first check.
+pub(crate) fn zero_series(labels: &Labels) {
+    let l = &labels.limiter;
+    for name in [
+        CONNECTIONS_REPLACED,
+        RECONCILED_UNITS,
+        BATCHES_RETRIED,
+        PARKED,
+    ] {
+        counter!(name, "limiter" => l.clone()).increment(0);
+    }
+    for result in ["succeeded", "failed"] {
+        counter!(PROBES, "limiter" => l.clone(), "result" => result).increment(0);
+    }
+    for result in ["applied", "rejected"] {
+        counter!(RELOADS, "limiter" => l.clone(), "result" => result).increment(0);
+    }
+    counter!(LOCAL_REFUSED).increment(0);
+    counter!(DENY_CACHE_HITS).increment(0);
+    for reason in ["expired", "overflow", "dropped"] {
+        counter!(LEDGER_DROPPED, "reason" => reason).increment(0);
     }
 }
 
@@ -268,6 +302,11 @@ impl Labels {
     pub(crate) fn probe(&self, succeeded: bool) {
         let result = if succeeded { "succeeded" } else { "failed" };
         counter!(PROBES, "limiter" => self.limiter.clone(), "result" => result).increment(1);
+    }
+
+    pub(crate) fn reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "rejected" };
+        counter!(RELOADS, "limiter" => self.limiter.clone(), "result" => result).increment(1);
     }
 
     pub(crate) fn connection_replaced(&self) {

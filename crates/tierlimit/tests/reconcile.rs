@@ -40,23 +40,25 @@ async fn used(conn: &mut redis::aio::MultiplexedConnection, key: &str, rule: &Ru
                 .query_async(conn)
                 .await
                 .expect("GET");
+            // "<TAT>@<limit it was written under>" (lua/gcra.lua).
             v.map_or(0.0, |v| {
-                ((v.parse::<f64>().expect("TAT") - now) / t).max(0.0)
+                let (tat, written) = v.split_once('@').expect("TAT@limit");
+                let written_t =
+                    rule.period_micros() as f64 / written.parse::<f64>().expect("limit");
+                ((tat.parse::<f64>().expect("TAT") - now) / written_t).max(0.0)
             })
         }
         Algorithm::TokenBucket => {
-            let (tokens, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET")
+            // {used, ts} (lua/token_bucket.lua).
+            let (used, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET")
                 .arg(key)
-                .arg("tokens")
+                .arg("used")
                 .arg("ts")
                 .query_async(conn)
                 .await
                 .expect("HMGET");
-            match (tokens, ts) {
-                (Some(tokens), Some(ts)) => {
-                    let cap = rule.capacity() as f64;
-                    cap - (tokens + (now - ts) / t).min(cap)
-                }
+            match (used, ts) {
+                (Some(used), Some(ts)) => (used - (now - ts) / t).max(0.0),
                 _ => 0.0,
             }
         }

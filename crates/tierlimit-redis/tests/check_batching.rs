@@ -1,0 +1,324 @@
+//! Adaptive batching (issue 11): checks that arrive while a call is in flight
+//! go together in one call of the batch script, each decided as if sent alone.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{ALGORITHMS, rule, set};
+use tierlimit_core::{Clock, FakeClock, Rule, RuleSet};
+use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, TimeSource};
+use tierlimit_test::RedisServer;
+
+fn tier_batching(url: &str, max_batch: usize, time: TimeSource, deadline: Duration) -> RedisTier {
+    RedisTier::new(
+        RedisTierConfig::new(url)
+            .deadline(deadline)
+            .time_source(time)
+            .max_batch(max_batch),
+    )
+    .expect("valid tier config")
+}
+
+fn fake_time() -> TimeSource {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::default());
+    TimeSource::Client(clock)
+}
+
+/// Starts every check at once, in this order (spawned tasks of a
+/// current-thread runtime are first polled in spawn order, so this is their
+/// arrival order), and returns each one's outcome and time taken, in order.
+async fn all_at_once(
+    tier: &RedisTier,
+    checks: &[(String, RuleSet, u64)],
+) -> Vec<(Checked, Duration)> {
+    let handles: Vec<_> = checks
+        .iter()
+        .cloned()
+        .map(|(key, set, cost)| {
+            let tier = tier.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let key = CheckKey::new(&key).expect("a valid key");
+                let checked = tier.check_key(&key, &set, cost).await;
+                (checked, started.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.expect("a check task"));
+    }
+    out
+}
+
+/// Loads the check script and the batch script on the server (a lone check,
+/// then a burst), so the calls counted afterwards meet no NOSCRIPT.
+async fn warm(tier: &RedisTier) {
+    let set = set("warm", [Rule::per_second(1000).expect("valid")]);
+    tier.check("warm", &set, 1).await.expect("a healthy check");
+    let burst: Vec<_> = (0..8)
+        .map(|_| ("warm".to_string(), set.clone(), 1))
+        .collect();
+    for (checked, _) in all_at_once(tier, &burst).await {
+        checked.result.expect("a healthy check");
+    }
+}
+
+/// N concurrent checks on one key with limit L admit exactly L, whatever the
+/// algorithm, and they went in far fewer script calls than checks.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_checks_on_one_key_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let tier = tier_batching(&server.url(), 32, fake_time(), Duration::from_secs(5));
+    warm(&tier).await;
+    const N: usize = 120;
+    const LIMIT: u64 = 37;
+    for algorithm in ALGORITHMS {
+        let set = set(
+            &format!("exact-{algorithm:?}"),
+            [rule(algorithm, LIMIT, Duration::from_secs(3600))],
+        );
+        let checks: Vec<_> = (0..N)
+            .map(|_| ("one-key".to_string(), set.clone(), 1))
+            .collect();
+        let before = server.command_calls("evalsha").await;
+        let outcomes = all_at_once(&tier, &checks).await;
+        let calls = server.command_calls("evalsha").await - before;
+        let admitted = outcomes
+            .iter()
+            .filter(|(c, _)| c.result.as_ref().expect("a healthy check").decision.allowed)
+            .count();
+        assert_eq!(admitted as u64, LIMIT, "{algorithm:?}");
+        assert!(
+            calls <= (N / 4) as u64,
+            "{algorithm:?}: {calls} script calls for {N} concurrent checks"
+        );
+        let reporting = outcomes.iter().filter(|(c, _)| c.counts_call).count() as u64;
+        assert_eq!(
+            reporting, calls,
+            "{algorithm:?}: one check speaks for each call"
+        );
+    }
+}
+
+/// The same sequence of requests (several keys, a rule set of every
+/// algorithm and a mixed one, costs 1 to 3, many denials) sent all at once
+/// with batching and one by one without: identical verdicts, in order.
+#[tokio::test(flavor = "current_thread")]
+async fn batched_and_lone_checks_decide_the_same() {
+    let hour = Duration::from_secs(3600);
+    let mut sets: Vec<RuleSet> = ALGORITHMS
+        .iter()
+        .map(|&a| set(&format!("same-{a:?}"), [rule(a, 7, hour)]))
+        .collect();
+    sets.push(set(
+        "same-mixed",
+        [
+            rule(ALGORITHMS[0], 5, Duration::from_secs(60)),
+            rule(ALGORITHMS[1], 9, hour),
+            rule(ALGORITHMS[4], 12, hour),
+        ],
+    ));
+    sets.push(
+        RuleSet::new(
+            "same-burst",
+            [Rule::per_minute(6)
+                .and_then(|r| r.with_burst(3))
+                .expect("valid")],
+        )
+        .expect("valid"),
+    );
+    let mut rng = fastrand::Rng::with_seed(11);
+    let checks: Vec<(String, RuleSet, u64)> = (0..150)
+        .map(|_| {
+            (
+                format!("user-{}", rng.usize(..4)),
+                sets[rng.usize(..sets.len())].clone(),
+                1 + rng.u64(..3),
+            )
+        })
+        .collect();
+
+    let server = RedisServer::start();
+    let batched = tier_batching(&server.url(), 32, fake_time(), Duration::from_secs(5));
+    warm(&batched).await;
+    let before = server.command_calls("evalsha").await;
+    let together = all_at_once(&batched, &checks).await;
+    let calls = server.command_calls("evalsha").await - before;
+    assert!(
+        calls <= 150 / 4,
+        "{calls} calls: the checks were not batched"
+    );
+
+    server.flushall().await;
+    let alone = tier_batching(&server.url(), 1, fake_time(), Duration::from_secs(5));
+    let mut denied = 0;
+    for (i, ((key, set, cost), (batched, _))) in checks.iter().zip(together).enumerate() {
+        let lone = alone.check(key, set, *cost).await.expect("a healthy check");
+        let batched = batched.result.expect("a healthy batched check");
+        assert_eq!(
+            batched,
+            lone,
+            "request {i}: {key} {} cost {cost}",
+            set.name()
+        );
+        denied += usize::from(!lone.decision.allowed);
+    }
+    assert!(denied > 30, "the sequence must exercise denials ({denied})");
+}
+
+/// The server lost its scripts (`SCRIPT FLUSH`) before a burst: the lone call
+/// reloads the check script, the batch call the batch script, and every check
+/// counts exactly once.
+#[tokio::test(flavor = "current_thread")]
+async fn noscript_in_a_batch_reloads_and_counts_each_check_once() {
+    let server = RedisServer::start();
+    let tier = tier_batching(
+        &server.url(),
+        32,
+        TimeSource::Server,
+        Duration::from_secs(5),
+    );
+    let set = set("flush", [Rule::per_hour(1000).expect("valid")]);
+    warm(&tier).await;
+    server.script_flush().await;
+    let loads = server.command_calls("script|load").await;
+
+    let checks: Vec<_> = (0..40).map(|_| ("k".to_string(), set.clone(), 1)).collect();
+    let outcomes = all_at_once(&tier, &checks).await;
+    for (checked, _) in &outcomes {
+        assert!(
+            checked
+                .result
+                .as_ref()
+                .expect("reloaded and ran")
+                .decision
+                .allowed
+        );
+    }
+    assert!(
+        server.command_calls("script|load").await - loads >= 2,
+        "both scripts were reloaded"
+    );
+    let last = tier.check("k", &set, 1).await.expect("a healthy check");
+    assert_eq!(
+        last.decision.remaining,
+        1000 - 41,
+        "each check counted once"
+    );
+}
+
+/// A server that stops answering (SIGSTOP) mid-burst: every check of the
+/// burst fails with a timeout within its deadline, and the calls, not the
+/// checks, are what a breaker would count.
+#[tokio::test(flavor = "current_thread")]
+async fn a_hung_server_fails_every_check_of_a_batch_within_the_deadline() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(300);
+    let tier = tier_batching(&server.url(), 32, TimeSource::Server, deadline);
+    let set = set("hung", [Rule::per_hour(1000).expect("valid")]);
+    warm(&tier).await;
+    server.pause();
+    let checks: Vec<_> = (0..30).map(|i| (format!("k{i}"), set.clone(), 1)).collect();
+    let outcomes = all_at_once(&tier, &checks).await;
+    server.resume();
+    for (checked, took) in &outcomes {
+        let err = checked
+            .result
+            .as_ref()
+            .expect_err("no answer from a hung server");
+        assert!(err.is_timeout(), "{err}");
+        assert!(
+            *took < deadline + Duration::from_millis(250),
+            "waited {took:?}, deadline {deadline:?}"
+        );
+    }
+    let reporting = outcomes.iter().filter(|(c, _)| c.counts_call).count();
+    assert!(
+        (1..=3).contains(&reporting),
+        "{reporting} of 30 failed checks report a call: two lone calls and at most one batch"
+    );
+}
+
+/// A killed server mid-burst: every check fails (refused or lost) within its
+/// deadline; one report per call made, far fewer than checks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
+    let mut server = RedisServer::start();
+    let deadline = Duration::from_millis(300);
+    let tier = tier_batching(&server.url(), 32, TimeSource::Server, deadline);
+    let set = set("killed", [Rule::per_hour(1000).expect("valid")]);
+    warm(&tier).await;
+    server.kill9();
+    let checks: Vec<_> = (0..30).map(|i| (format!("k{i}"), set.clone(), 1)).collect();
+    let outcomes = all_at_once(&tier, &checks).await;
+    for (checked, took) in &outcomes {
+        let err = checked.result.as_ref().expect_err("the server is gone");
+        assert!(err.redis_failure().is_some(), "a Redis fault: {err}");
+        assert!(
+            *took < deadline + Duration::from_millis(250),
+            "waited {took:?}, deadline {deadline:?}"
+        );
+    }
+    let reporting = outcomes.iter().filter(|(c, _)| c.counts_call).count();
+    assert!(
+        (1..=4).contains(&reporting),
+        "{reporting} of 30 failed checks report a call: two lone calls and at most two batches"
+    );
+}
+
+/// Under load, script calls per check fall far below one.
+#[tokio::test(flavor = "current_thread")]
+async fn script_calls_per_check_fall_under_load() {
+    let server = RedisServer::start();
+    let tier = tier_batching(
+        &server.url(),
+        32,
+        TimeSource::Server,
+        Duration::from_secs(5),
+    );
+    warm(&tier).await;
+    let set = set("load", [Rule::per_second(1000).expect("valid")]);
+    let checks: Vec<_> = (0..400)
+        .map(|i| (format!("k{i}"), set.clone(), 1))
+        .collect();
+    let before = server.command_calls("evalsha").await;
+    let outcomes = all_at_once(&tier, &checks).await;
+    let calls = server.command_calls("evalsha").await - before;
+    assert!(outcomes.iter().all(|(c, _)| c.result.is_ok()));
+    assert!(
+        calls * 4 <= 400,
+        "{calls} script calls for 400 concurrent checks (want ≤ 0.25 per check)"
+    );
+}
+
+/// Without batching (max_batch 1) every check is its own call, even when
+/// they arrive together.
+#[tokio::test(flavor = "current_thread")]
+async fn max_batch_one_sends_every_check_alone() {
+    let server = RedisServer::start();
+    let tier = tier_batching(&server.url(), 1, TimeSource::Server, Duration::from_secs(5));
+    warm(&tier).await;
+    let set = set("alone", [Rule::per_second(1000).expect("valid")]);
+    let checks: Vec<_> = (0..50).map(|i| (format!("k{i}"), set.clone(), 1)).collect();
+    let before = server.command_calls("evalsha").await;
+    let outcomes = all_at_once(&tier, &checks).await;
+    assert_eq!(server.command_calls("evalsha").await - before, 50);
+    assert!(
+        outcomes
+            .iter()
+            .all(|(c, _)| c.counts_call && c.result.is_ok())
+    );
+}
+
+/// max_batch outside 1 to 1000 is refused at construction.
+#[test]
+fn max_batch_is_bounded() {
+    for bad in [0, 1001] {
+        let err = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:1/").max_batch(bad))
+            .expect_err("out of range");
+        assert!(err.to_string().contains("max_batch"), "{err}");
+    }
+}

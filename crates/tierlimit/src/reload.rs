@@ -1,0 +1,216 @@
+//! A limiter built from a [`Config`], and reloaded from one: once
+//! ([`HybridLimiter::reload`], [`HybridLimiter::reload_file`]) or on every
+//! change of the file ([`HybridLimiter::watch_config`], feature `watch`).
+//!
+//! What a reload changes live: the rule sets (their rules, policies and
+//! reconcile settings, added and removed sets) and the default policy, which
+//! a reload writes into every set of the file that names no policy of its
+//! own. Everything else (the Redis URL, TLS, the deadline, the breaker, the
+//! local bounds, reconciliation, instances, names) shapes connections and
+//! tasks that live as long as the limiter: a reload that changes them
+//! applies the rule sets, keeps those settings, and names them in
+//! [`ReloadReport::needs_restart`] (and a warning).
+
+use std::path::Path;
+
+use tierlimit_core::{Result, RuleSet};
+
+use crate::config::{Config, ConfigError};
+use crate::limiter::{HybridLimiter, Inner};
+use crate::named::ReloadReport;
+
+/// The file's rule sets, each with the file's default policy when it names
+/// none, so a reload that changes the default changes those sets too.
+fn resolved_sets(config: &Config) -> Vec<RuleSet> {
+    config
+        .rule_sets()
+        .iter()
+        .map(|set| match (set.policy(), config.default_policy()) {
+            (None, Some(policy)) => set.clone().with_policy(policy),
+            _ => set.clone(),
+        })
+        .collect()
+}
+
+impl HybridLimiter {
+    /// A limiter with every setting of `config` and its rule sets, held by
+    /// name (see [`check_by_name`](Self::check_by_name)); to be
+    /// [reloaded](Self::reload) from a later version of the file.
+    ///
+    /// # Errors
+    ///
+    /// As [`HybridLimiterBuilder::build`](crate::HybridLimiterBuilder::build):
+    /// only outside a Tokio runtime, since loading checked every setting.
+    pub fn from_config(config: &Config) -> Result<HybridLimiter> {
+        let limiter = config.builder().rule_sets(resolved_sets(config)).build()?;
+        limiter.inner().set_built_from(config.clone());
+        Ok(limiter)
+    }
+
+    /// Puts the rule sets and policies of `config` in force, whole and at
+    /// once (see [`replace_rule_sets`](Self::replace_rule_sets) for what
+    /// happens to checks in flight and to the usage of a changed limit).
+    /// Settings that cannot change while the limiter runs are kept and named
+    /// in [`ReloadReport::needs_restart`].
+    ///
+    /// # Errors
+    ///
+    /// None in practice: a loaded [`Config`] has no two sets of one name.
+    pub fn reload(&self, config: &Config) -> Result<ReloadReport> {
+        self.inner().reload(config)
+    }
+
+    /// Loads the file at `path` and [reloads](Self::reload) from it. A file
+    /// that does not load changes nothing: the rule sets in force stay, the
+    /// error is returned, logged as a warning and counted in
+    /// `tierlimit_config_reloads_total{result="rejected"}`.
+    ///
+    /// # Errors
+    ///
+    /// The [`ConfigError`] of a file that does not load, with every problem.
+    pub fn reload_file(&self, path: impl AsRef<Path>) -> Result<ReloadReport, ConfigError> {
+        self.inner().reload_file(path.as_ref())
+    }
+}
+
+impl Inner {
+    pub(crate) fn reload(&self, config: &Config) -> Result<ReloadReport> {
+        let mut report = self.replace_rule_sets(resolved_sets(config))?;
+        report.needs_restart = self.swap_built_from(config.clone());
+        if !report.needs_restart.is_empty() {
+            tracing::warn!(
+                settings = ?report.needs_restart,
+                "reloaded config changes settings that only apply at start: they are kept until a restart"
+            );
+        }
+        Ok(report)
+    }
+
+    pub(crate) fn reload_file(&self, path: &Path) -> Result<ReloadReport, ConfigError> {
+        match Config::load(path) {
+            Ok(config) => self.reload(&config).map_err(ConfigError::from_error),
+            Err(e) => {
+                self.labels.reload(false);
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %e,
+                    "config reload rejected; the config in force is kept"
+                );
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(feature = "watch")]
+pub use watch::ConfigWatch;
+
+#[cfg(feature = "watch")]
+mod watch {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Weak};
+    use std::time::Duration;
+
+    use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+    use tokio::sync::mpsc;
+    use tokio::task::JoinHandle;
+
+    use crate::config::ConfigError;
+    use crate::limiter::{HybridLimiter, Inner};
+
+    /// Watches a config file and reloads the limiter when it changes; see
+    /// [`HybridLimiter::watch_config`]. Dropping it stops watching.
+    #[derive(Debug)]
+    pub struct ConfigWatch {
+        _watcher: RecommendedWatcher,
+        task: JoinHandle<()>,
+    }
+
+    impl Drop for ConfigWatch {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl HybridLimiter {
+        /// Reloads from the file at `path` whenever it changes, until the
+        /// returned [`ConfigWatch`] is dropped (or the limiter is).
+        ///
+        /// Changes are debounced: a reload runs once the file has been quiet
+        /// for `debounce`, so an editor's several writes make one reload. The
+        /// file's directory is watched, not the file, so a file replaced by a
+        /// rename (editors, Kubernetes config maps) is seen too; a change
+        /// that leaves the file's bytes as they were reloads nothing. Each
+        /// reload is [`reload_file`](Self::reload_file): a file that does not
+        /// load keeps the config in force, and is logged and counted.
+        ///
+        /// Needs a Tokio runtime; the `watch` feature (on by default).
+        ///
+        /// # Errors
+        ///
+        /// A [`ConfigError`] when the file's directory cannot be watched.
+        pub fn watch_config(
+            &self,
+            path: impl AsRef<Path>,
+            debounce: Duration,
+        ) -> Result<ConfigWatch, ConfigError> {
+            let path = path.as_ref().to_path_buf();
+            let cannot = |e: &dyn std::fmt::Display| {
+                ConfigError::io(format!("cannot watch {}: {e}", path.display()))
+            };
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let handle = tokio::runtime::Handle::try_current().map_err(|e| cannot(&e))?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut watcher =
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    // Any event in the directory wakes the task, which compares the
+                    // file's bytes. The receiver is gone only when the watch is dropped.
+                    if event.is_ok() {
+                        let _ = tx.send(());
+                    }
+                })
+                .map_err(|e| cannot(&e))?;
+            watcher
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .map_err(|e| cannot(&e))?;
+            let last = std::fs::read(&path).ok();
+            let task = handle.spawn(run(Arc::downgrade(self.inner()), path, debounce, rx, last));
+            Ok(ConfigWatch {
+                _watcher: watcher,
+                task,
+            })
+        }
+    }
+
+    async fn run(
+        inner: Weak<Inner>,
+        path: PathBuf,
+        debounce: Duration,
+        mut events: mpsc::UnboundedReceiver<()>,
+        mut last: Option<Vec<u8>>,
+    ) {
+        while events.recv().await.is_some() {
+            // Quiet for `debounce` before reading: one reload per burst of writes.
+            loop {
+                match tokio::time::timeout(debounce, events.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let now = std::fs::read(&path).ok();
+            if now.is_some() && now == last {
+                continue;
+            }
+            if inner.reload_file(&path).is_ok() {
+                last = now;
+            }
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! A limiter built from a config file and reloaded from it: once
+//! (`reload_file`) and on every change (`watch_config`). A file that does not
+//! load keeps the config in force, returns its error and is counted; a
+//! changed limit keeps its usage; start-only settings are named, not applied.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use tierlimit::{Config, HybridLimiter, Policy};
+use tierlimit_test::RedisServer;
+
+/// Counters by name and `limiter` label; gauges and histograms ignored.
+#[derive(Default)]
+struct Counters(Mutex<HashMap<(String, String, String), Arc<AtomicU64>>>);
+
+struct Cell(Arc<AtomicU64>);
+
+impl CounterFn for Cell {
+    fn increment(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    fn absolute(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+}
+
+struct Rec(&'static Counters);
+
+impl Recorder for Rec {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default()
+        };
+        let id = (key.name().to_owned(), label("limiter"), label("result"));
+        let cell = self
+            .0
+            .0
+            .lock()
+            .expect("counters lock")
+            .entry(id)
+            .or_default()
+            .clone();
+        Counter::from_arc(Arc::new(Cell(cell)))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<&'static Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let counters: &'static Counters = Box::leak(Box::default());
+        metrics::set_global_recorder(Rec(counters)).expect("the only recorder of this binary");
+        counters
+    })
+}
+
+/// `tierlimit_config_reloads_total{limiter, result}`.
+fn reloads(limiter: &str, result: &str) -> u64 {
+    let id = (
+        "tierlimit_config_reloads_total".to_owned(),
+        limiter.to_owned(),
+        result.to_owned(),
+    );
+    counters()
+        .0
+        .lock()
+        .expect("counters lock")
+        .get(&id)
+        .map_or(0, |c| c.load(Ordering::Relaxed))
+}
+
+/// A directory of this test's own, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!(
+            "tierlimit-{test}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Dir(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("tierlimit.toml")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes the file the way editors do: a new file renamed over the old one.
+fn write(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write config");
+    std::fs::rename(&tmp, path).expect("rename config");
+}
+
+fn file(url: &str, name: &str, login: &str, extra: &str) -> String {
+    format!(
+        r#"
+[redis]
+url = "{url}"
+deadline = "50ms"
+
+[limiter]
+name = "{name}"
+instances = 1
+default_policy = "fail-closed"
+{extra}
+
+[rule_sets.login]
+rules = ["{login}"]
+
+[rule_sets.api]
+policy = "local-fallback"
+rules = ["100/min"]
+"#
+    )
+}
+
+async fn admitted(limiter: &HybridLimiter, key: &str, tries: usize) -> usize {
+    let mut n = 0;
+    for _ in 0..tries {
+        let d = limiter
+            .check_by_name("login", key, 1)
+            .await
+            .expect("valid input");
+        n += usize::from(d.allowed);
+    }
+    n
+}
+
+async fn healthy(config: &Config) -> HybridLimiter {
+    counters();
+    let limiter = HybridLimiter::from_config(config).expect("a loaded config builds");
+    assert!(
+        limiter.wait_closed(Duration::from_secs(5)).await,
+        "the limiter did not reach Redis within 5 s"
+    );
+    limiter
+}
+
+/// Polls `cond` every 5 ms; false after `timeout`.
+async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
+}
+
+fn login_limit(limiter: &HybridLimiter) -> Option<u64> {
+    limiter.rule_set("login").map(|s| s.rules()[0].limit())
+}
+
+#[tokio::test]
+async fn a_reloaded_file_swaps_the_sets_and_a_raised_limit_keeps_its_usage() {
+    let server = RedisServer::start();
+    let dir = Dir::new("reload");
+    write(&dir.file(), &file(&server.url(), "reload", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    assert_eq!(
+        limiter
+            .rule_sets()
+            .iter()
+            .map(|s| s.name().to_owned())
+            .collect::<Vec<_>>(),
+        ["api", "login"]
+    );
+    assert_eq!(admitted(&limiter, "u", 10).await, 5);
+
+    write(&dir.file(), &file(&server.url(), "reload", "8/h", ""));
+    let report = limiter.reload_file(dir.file()).expect("valid file");
+    assert_eq!(report.changed, ["login"]);
+    assert!(report.added.is_empty() && report.removed.is_empty());
+    assert!(report.needs_restart.is_empty(), "{report:?}");
+    assert_eq!(login_limit(&limiter), Some(8));
+    // 5 of 8 used already: 3 more, not a fresh 8.
+    assert_eq!(admitted(&limiter, "u", 10).await, 3);
+    assert_eq!(reloads("reload", "applied"), 1);
+}
+
+#[tokio::test]
+async fn a_file_that_does_not_load_keeps_the_config_in_force_and_is_counted() {
+    let server = RedisServer::start();
+    let dir = Dir::new("bad");
+    write(&dir.file(), &file(&server.url(), "bad", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    assert_eq!(admitted(&limiter, "u", 3).await, 3);
+
+    write(&dir.file(), &file(&server.url(), "bad", "0/h", ""));
+    let err = limiter
+        .reload_file(dir.file())
+        .expect_err("a limit of 0 does not load");
+    assert!(
+        err.problems()
+            .iter()
+            .any(|p| p.path().starts_with("rule_sets.login.rules[0]")),
+        "{err}"
+    );
+    assert_eq!(reloads("bad", "rejected"), 1);
+    assert_eq!(reloads("bad", "applied"), 0);
+    // The old sets still decide, with their usage.
+    assert_eq!(login_limit(&limiter), Some(5));
+    assert_eq!(admitted(&limiter, "u", 5).await, 2);
+
+    std::fs::remove_file(dir.file()).expect("remove");
+    let err = limiter.reload_file(dir.file()).expect_err("no file");
+    assert!(err.to_string().contains("cannot read"), "{err}");
+    assert_eq!(reloads("bad", "rejected"), 2);
+    assert_eq!(login_limit(&limiter), Some(5));
+}
+
+#[tokio::test]
+async fn the_default_policy_reloads_into_sets_without_their_own() {
+    let server = RedisServer::start();
+    let text = file(&server.url(), "policy", "5/h", "");
+    let limiter = healthy(&Config::from_toml_str(&text).expect("valid")).await;
+    let policy = |name: &str| limiter.rule_set(name).and_then(|s| s.policy());
+    assert_eq!(policy("login"), Some(Policy::FailClosed));
+    assert_eq!(policy("api"), Some(Policy::LocalFallback));
+
+    let text = text.replace(
+        "default_policy = \"fail-closed\"",
+        "default_policy = \"fail-open\"",
+    );
+    let report = limiter
+        .reload(&Config::from_toml_str(&text).expect("valid"))
+        .expect("reload");
+    assert_eq!(report.changed, ["login"]);
+    assert!(report.needs_restart.is_empty(), "{report:?}");
+    assert_eq!(policy("login"), Some(Policy::FailOpen));
+    assert_eq!(
+        policy("api"),
+        Some(Policy::LocalFallback),
+        "its own policy stays"
+    );
+}
+
+#[tokio::test]
+async fn start_only_settings_are_named_and_kept() {
+    let server = RedisServer::start();
+    let text = file(&server.url(), "restart", "5/h", "");
+    let limiter = healthy(&Config::from_toml_str(&text).expect("valid")).await;
+    let changed = text
+        .replace("deadline = \"50ms\"", "deadline = \"80ms\"")
+        .replace("instances = 1", "instances = 2")
+        .replace("\"5/h\"", "\"6/h\"");
+    let report = limiter
+        .reload(&Config::from_toml_str(&changed).expect("valid"))
+        .expect("reload");
+    assert_eq!(
+        report.needs_restart,
+        ["redis.deadline", "limiter.instances"]
+    );
+    assert_eq!(
+        report.changed,
+        ["login"],
+        "the rule sets are applied all the same"
+    );
+    // Reloading the same file again: nothing new needs a restart.
+    let again = limiter
+        .reload(&Config::from_toml_str(&changed).expect("valid"))
+        .expect("reload");
+    assert!(
+        again.is_empty() && again.needs_restart.is_empty(),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_watched_file_reloads_on_change_and_a_bad_one_is_kept_out() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch");
+    write(&dir.file(), &file(&server.url(), "watch", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let _watch = limiter
+        .watch_config(dir.file(), Duration::from_millis(50))
+        .expect("watch the file's directory");
+
+    write(&dir.file(), &file(&server.url(), "watch", "7/h", ""));
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter) == Some(7)).await,
+        "the changed file was not applied within 10 s"
+    );
+    assert_eq!(reloads("watch", "applied"), 1);
+
+    write(&dir.file(), "[redis\nurl =");
+    assert!(
+        eventually(Duration::from_secs(10), || reloads("watch", "rejected")
+            == 1)
+        .await,
+        "the bad file was not seen within 10 s"
+    );
+    assert_eq!(
+        login_limit(&limiter),
+        Some(7),
+        "the bad file changed nothing"
+    );
+
+    write(&dir.file(), &file(&server.url(), "watch", "9/h", ""));
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter) == Some(9)).await,
+        "the fixed file was not applied within 10 s"
+    );
+    // Several quick writes: one reload once they are quiet (debounced).
+    let applied = reloads("watch", "applied");
+    for limit in [10, 11, 12] {
+        write(
+            &dir.file(),
+            &file(&server.url(), "watch", &format!("{limit}/h"), ""),
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter)
+            == Some(12))
+        .await,
+        "the last of three writes was not applied within 10 s"
+    );
+    assert!(
+        reloads("watch", "applied") - applied <= 2,
+        "three writes within the debounce made {} reloads",
+        reloads("watch", "applied") - applied
+    );
+}
+
+#[test]
+fn the_readme_config_file_loads() {
+    let readme = include_str!("../../../README.md");
+    let start = readme.find("```toml\n").expect("README has a TOML example") + 8;
+    let end = start + readme[start..].find("```").expect("closed block");
+    let config = Config::from_toml_str(&readme[start..end]).expect("the README's file loads");
+    let names: Vec<&str> = config.rule_sets().iter().map(|s| s.name()).collect();
+    assert_eq!(names, ["login", "api"]);
+    assert_eq!(config.rule_sets()[1].rules()[1].burst(), Some(20));
+}

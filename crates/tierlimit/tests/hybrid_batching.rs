@@ -1,0 +1,96 @@
+//! Batched Redis calls and the breaker (issue 11): a batch of checks is one
+//! Redis call, so a failed batch is one failure for the breaker, not one per
+//! check, while every check of it still gets its policy's answer in time.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{breaker, builder, healthy};
+use tierlimit::{BreakerState, HybridLimiter, Policy, RedisFailure, Rule, RuleSet, Tier};
+use tierlimit_test::RedisServer;
+
+/// Starts `n` checks at once on distinct keys and returns each decision with
+/// the time it took.
+async fn burst(
+    limiter: &Arc<HybridLimiter>,
+    set: &RuleSet,
+    n: usize,
+) -> Vec<(tierlimit::Decision, Duration)> {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (limiter, set) = (limiter.clone(), set.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let d = limiter
+                    .check(&format!("user-{i}"), &set, 1)
+                    .await
+                    .expect("a valid check");
+                (d, started.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("a check task"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_batch_is_one_failure_for_the_breaker() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(200);
+    let mut config = breaker();
+    config.consecutive_failures = 4;
+    config.cool_down = Duration::from_secs(60);
+    config.max_cool_down = Duration::from_secs(60);
+    let limiter = healthy(builder(&server.url()).deadline(deadline).breaker(config)).await;
+    let set = RuleSet::new("batched", [Rule::per_hour(1000).expect("valid")])
+        .expect("valid")
+        .with_policy(Policy::FailOpen);
+    // Loads both scripts (a lone call, then a batch) while Redis answers.
+    for (d, _) in burst(&limiter, &set, 20).await {
+        assert_eq!(d.tier, Tier::Redis);
+    }
+
+    server.pause();
+    let decisions = burst(&limiter, &set, 40).await;
+    let state_after_burst = limiter.breaker_state();
+    server.resume();
+    for (d, took) in &decisions {
+        assert_eq!(d.tier, Tier::FailOpen, "{d:?}");
+        assert_eq!(d.redis_failure, Some(RedisFailure::Timeout), "{d:?}");
+        assert!(
+            *took < deadline + Duration::from_millis(250),
+            "took {took:?}, deadline {deadline:?}"
+        );
+    }
+    // 40 failed checks in at most three calls (two lone, one batch): counted
+    // per check, four consecutive failures would have opened the breaker.
+    assert_eq!(state_after_burst, BreakerState::Closed);
+
+    // A success ends the run of failures; then lone calls still count one
+    // each: four failed calls in a row open it.
+    let healthy_again = limiter
+        .check("after", &set, 1)
+        .await
+        .expect("a valid check");
+    assert_eq!(healthy_again.tier, Tier::Redis, "{healthy_again:?}");
+    server.pause();
+    for i in 0..4 {
+        let d = limiter
+            .check(&format!("lone-{i}"), &set, 1)
+            .await
+            .expect("a valid check");
+        assert_eq!(
+            d.redis_failure,
+            Some(RedisFailure::Timeout),
+            "lone check {i}: {d:?}"
+        );
+    }
+    let state_after_lone = limiter.breaker_state();
+    server.resume();
+    assert_eq!(state_after_lone, BreakerState::Open);
+}

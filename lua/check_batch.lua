@@ -1,0 +1,105 @@
+-- check_batch.lua: many requests in one call, each decided as check.lua
+-- decides one, one after the other in the order given.
+--
+-- The main body of the batch script: the Rust side prepends common.lua, the
+-- algorithm files and decide.lua (check_one). Request j sees every write of
+-- requests 1 .. j-1, so a batch decides exactly what the same requests sent
+-- one by one, in this order, would have been decided (at one server time: the
+-- server's TIME is read once per call).
+--
+-- KEYS     the storage keys of request 1, then those of request 2, ... (each
+--          request's keys share one hash tag, so one Cluster slot; a batch
+--          whose requests all share a slot may go to a Cluster node as is).
+-- ARGV[1]  n, the number of requests (1 to 1000).
+-- ARGV[2]  g, the number of distinct rule sets among them (1 to n): each
+--          rule set's numbers are sent and checked once per call, not once
+--          per request.
+-- then per rule set s: its number of rules r_s (1 to 1000) and five
+--          arguments per rule (code, limit, period_us, capacity,
+--          utc_offset_us), as check.lua takes them;
+-- then per request j: its rule set s_j (1 to g), now_us ("0" for the
+--          server's TIME), cost, nonce (check.lua's ARGV[1..3]).
+--
+-- Reply: an array of n replies, in order: request j's check.lua reply, or the
+-- error reply check.lua would have answered for it alone (bad input, a key of
+-- another type, a failed write). A request's error does not stop the others.
+-- Keys and arguments that do not add up (the counts above against #KEYS and
+-- #ARGV) refuse the whole call before anything is read or written:
+-- "ERR tierlimit check batch: ...".
+--
+-- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
+--   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1
+--     1 1 10 60000000 10 0   1 0 1 7   1 0 1 8
+--   -> 1) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
+--      2) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
+
+local n = int_arg('check batch', 'the number of requests', ARGV[1], 1, 1000)
+local g = int_arg('check batch', 'the number of rule sets', ARGV[2], 1, n)
+
+-- Rule set s: { rules, args } once its numbers passed check.lua's checks,
+-- { rules, nil, error } when they did not (each of its requests answers it).
+local sets = {}
+local a = 2
+for s = 1, g do
+  local rules = int_arg('check batch', 'the rules of rule set ' .. s, ARGV[a + 1], 1, 1000)
+  local ok, args = pcall(function()
+    local list = {}
+    for i = 1, rules do
+      local code, limit, period, capacity, offset = rule_args('check', a + 1 + 5 * (i - 1))
+      list[i] = { code, limit, period, capacity, offset }
+    end
+    return list
+  end)
+  if ok then
+    sets[s] = { rules, args }
+  else
+    sets[s] = { rules, nil, args }
+  end
+  a = a + 1 + 5 * rules
+end
+
+local layout = {}
+local k = 0
+for j = 1, n do
+  local s = int_arg('check batch', 'the rule set of request ' .. j, ARGV[a + 1], 1, g)
+  layout[j] = { k, s, a + 1 }
+  k = k + sets[s][1]
+  a = a + 4
+end
+if k ~= #KEYS or a ~= #ARGV then
+  return redis.error_reply('ERR tierlimit check batch: ' .. n .. ' requests name ' .. k
+    .. ' keys and ' .. a .. ' arguments, but the call has ' .. #KEYS .. ' and ' .. #ARGV)
+end
+
+-- Request j, checked and decided as check.lua would alone: its keys, now,
+-- cost and nonce first, then its rule set's numbers, then each capacity.
+local function batch_one(k0, set, a0)
+  local rules, args = set[1], set[2]
+  check_keys(k0, rules)
+  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
+  if args == nil then
+    error(set[3])
+  end
+  for i = 1, rules do
+    check_capacity(cost, ARGV[a0 + 2], i, args[i][4])
+  end
+  return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+end
+
+local replies = {}
+for j = 1, n do
+  local l = layout[j]
+  local ok, reply = pcall(batch_one, l[1], sets[l[2]], l[3])
+  if ok then
+    replies[j] = reply
+  elseif type(reply) == 'table' and reply.err then
+    replies[j] = reply
+  elseif type(reply) == 'string' and string.match(reply, '^%u+ ') then
+    -- A command's error raised through pcall is its bare reply text
+    -- ("OOM command not allowed ..."): keep its code, as a lone call would.
+    replies[j] = { err = reply }
+  else
+    replies[j] = { err = 'ERR tierlimit check: ' .. tostring(reply) }
+  end
+end
+return replies

@@ -1,0 +1,149 @@
+-- decide.lua: one request against every rule of a rule set, all or nothing.
+--
+-- A fragment joined after common.lua and the algorithm files, in front of
+-- check.lua (one request per call) and check_batch.lua (many requests per
+-- call, decided one after the other), not a script of its own. The protocol,
+-- the reply and the rules of a decision are check.lua's (see its header);
+-- this file holds the decision so both scripts make it the same way.
+--
+-- KEYS / ARGV: none of its own; it defines (besides the argument checks
+-- check_keys, check_call_args, check_capacity and decide, which check_batch.lua
+-- calls one by one)
+--   check_one(k0, rules, a0)  decides the request whose storage keys are
+--                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
+--                             are ARGV[a0 + 1 ..]: now, cost, nonce, then five
+--                             per rule (check.lua's ARGV[1 ..] shifted by a0).
+--                             Returns check.lua's reply, or an error reply
+--                             (WRONGTYPE) when nothing was written; bad input
+--                             raises refuse()'s error before any read.
+--   call_now(arg)             script_now(arg), with the server's TIME read at
+--                             most once per call: the requests of one batch
+--                             are decided at one server time.
+--
+-- Example: check_one(0, #KEYS, 0) is check.lua's whole decision.
+
+local CHECKS = {
+  gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
+}
+local COMMITS = {
+  gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
+}
+
+local server_now = nil
+local function call_now(arg)
+  if arg == '0' then
+    if server_now == nil then
+      server_now = script_now('0')
+    end
+    return server_now
+  end
+  return script_now(arg)
+end
+
+-- Refuses a request whose keys repeat one another (one key under two
+-- algorithms could not be committed whole).
+local function check_keys(k0, rules)
+  if rules == 1 then
+    return
+  end
+  local seen = {}
+  for i = 1, rules do
+    local key = KEYS[k0 + i]
+    if seen[key] then
+      refuse('check', 'KEYS[' .. (k0 + i) .. '] repeats KEYS[' .. seen[key] .. ']')
+    end
+    seen[key] = k0 + i
+  end
+end
+
+-- Checks a request's now, cost and nonce; returns the cost.
+local function check_call_args(now_s, cost_s, nonce)
+  int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
+  local cost = int_arg('check', 'cost', cost_s, 1, MAX_LIMIT)
+  if type(nonce) ~= 'string' or #nonce == 0 or #nonce > 64 then
+    refuse('check', 'the nonce must be 1 to 64 bytes')
+  end
+  return cost
+end
+
+-- Refuses a cost above rule i's capacity: it could never be admitted.
+local function check_capacity(cost, cost_s, i, capacity)
+  if cost > capacity then
+    refuse('check', 'cost ' .. cost_s .. ' is above the capacity of rule ' .. i
+      .. ': it could never be admitted')
+  end
+end
+
+-- Decides a request whose arguments passed the checks above: args[i] holds
+-- rule i's { code, limit, period, capacity, offset }.
+local function decide(k0, rules, args, now, cost, nonce)
+  local outcome = {}
+  local allowed = true
+  for i = 1, rules do
+    local a = args[i]
+    local code = a[1]
+    local key = KEYS[k0 + i]
+    -- A key holding another type fails its read here, before any commit, so
+    -- nothing is written; the reply says which key.
+    local read, ok, remaining, reset, retry, state, reset_now = pcall(CHECKS[code], key, now,
+      cost, a[2], a[3], a[4], a[5])
+    if not read then
+      local err = type(ok) == 'table' and ok.err or tostring(ok)
+      if string.sub(err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. (k0 + i)
+          .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
+      end
+      error(ok)
+    end
+    outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
+    allowed = allowed and ok
+  end
+
+  local reply = { 0, 0, 0, now }
+  if allowed then
+    reply[1] = 1
+    local fewest = nil
+    for i = 1, rules do
+      local o = outcome[i]
+      COMMITS[o[7]](KEYS[k0 + i], now, cost, nonce, o[5])
+      if fewest == nil or o[2] < fewest then
+        fewest = o[2]
+        reply[2] = i - 1
+      end
+      reply[3 + 2 * i] = o[2]
+      reply[4 + 2 * i] = o[3]
+    end
+  else
+    local longest = nil
+    for i = 1, rules do
+      local o = outcome[i]
+      if o[1] then
+        -- Passed, but nothing is committed: report it as it stands.
+        reply[3 + 2 * i] = o[2] + cost
+        reply[4 + 2 * i] = o[6]
+      else
+        if longest == nil or o[4] > longest then
+          longest = o[4]
+          reply[2] = i - 1
+        end
+        reply[3 + 2 * i] = o[2]
+        reply[4 + 2 * i] = o[3]
+      end
+    end
+    reply[3] = longest
+  end
+  return reply
+end
+
+local function check_one(k0, rules, a0)
+  -- Every argument is read and checked before the first redis.call.
+  check_keys(k0, rules)
+  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
+  local args = {}
+  for i = 1, rules do
+    local code, limit, period, capacity, offset = rule_args('check', a0 + 3 + 5 * (i - 1))
+    check_capacity(cost, ARGV[a0 + 2], i, capacity)
+    args[i] = { code, limit, period, capacity, offset }
+  end
+  return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+end
