@@ -57,6 +57,7 @@ mod config;
 mod failure;
 mod reconcile;
 mod script;
+mod stripe;
 mod tier;
 mod verdict;
 
