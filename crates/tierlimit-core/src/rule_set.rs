@@ -317,8 +317,9 @@ impl RuleSet {
     }
 
     /// A number no other rule set of this process has had or will have
-    /// (clones share it; [`with_policy`](Self::with_policy) and
-    /// [`with_reconcile`](Self::with_reconcile) make a new one): what caches of
+    /// (clones share it; [`with_policy`](Self::with_policy),
+    /// [`with_reconcile`](Self::with_reconcile) and
+    /// [`with_stripes`](Self::with_stripes) make a new one): what caches of
     /// per-set handles, such as metric counters, are keyed by.
     pub fn id(&self) -> u64 {
         self.inner.id

@@ -7,13 +7,13 @@
 //! under the one deadline of the check. The answer speaks for the whole key
 //! (see [`whole`]).
 
-use redis::Pipeline;
+use redis::{Pipeline, Value};
 use tierlimit_core::{Result, RuleSet, stripe_share};
 use tokio::time::Instant;
 
 use crate::batch::{CheckKey, Checked};
 use crate::failure::timeout;
-use crate::reconcile::{Part, fold, reconcile_cmd, stripe_entry, written_parts};
+use crate::reconcile::{Part, fold, reconcile_cmd, stripe_entry, written, written_parts};
 use crate::{CheckRequest, RedisTier, Verdict, WriteBack, Written};
 
 /// The stripe a check asks first: one at random, so checks of a hot key from
@@ -201,6 +201,27 @@ struct Spill {
 }
 
 impl RedisTier {
+    /// The outcome of each write-back from the replies of its commands:
+    /// one each when `parts` is `None` (nothing striped), else `parts[i]` for
+    /// write-back `i` (see [`settle_stripes`](Self::settle_stripes)).
+    pub(crate) async fn outcomes(
+        &self,
+        writes: &[WriteBack<'_>],
+        parts: Option<Vec<Vec<Part>>>,
+        replies: Vec<Option<Value>>,
+    ) -> Vec<Result<Written>> {
+        match parts {
+            None => replies
+                .into_iter()
+                .map(|r| r.ok_or_else(timeout).and_then(written))
+                .collect(),
+            Some(parts) => {
+                let raw = written_parts(replies, &parts);
+                self.settle_stripes(writes, &parts, raw).await
+            }
+        }
+    }
+
     /// The outcome of each write-back from its commands' (`raw`, one per
     /// [`Part`]). A striped write-back whose stripes could not all take their
     /// even share (a stripe already near its share of the limit, from checks

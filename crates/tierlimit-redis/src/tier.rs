@@ -21,7 +21,7 @@ use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
-use crate::reconcile::{Part, WriteBack, Written, add_reconcile_cmds, written_parts};
+use crate::reconcile::{Part, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::CHECK_BATCH;
 use crate::stripe::{first_stripe, stripe_set};
 use crate::verdict::parse_verdict;
@@ -494,9 +494,7 @@ impl RedisTier {
             return Ok(Vec::new());
         }
         let replies = self.send_writebacks(&pipe).await?;
-        Ok(self
-            .settle_stripes(writes, &parts, written_parts(replies, &parts))
-            .await)
+        Ok(self.outcomes(writes, parts, replies).await)
     }
 
     /// Sends `pipe`, reconcile script calls, on the reconcile batches'
@@ -578,9 +576,7 @@ impl RedisTier {
             Some(reply) => parse_verdict(reply, stripe_set(set, stripe)),
             None => Err(timeout()),
         };
-        let written = self
-            .settle_stripes(writes, &parts, written_parts(replies, &parts))
-            .await;
+        let written = self.outcomes(writes, parts, replies).await;
         let checked = Checked {
             result: check,
             counts_call: true,
@@ -600,27 +596,36 @@ impl RedisTier {
     }
 
     /// A pipeline of the write-backs' `EVALSHA`s, with room for `more`
-    /// commands after them, and the commands of each write-back (one per
-    /// stripe it is spread over).
+    /// commands after them, and when any is striped the commands of each
+    /// write-back (one per stripe it is spread over); `None` when none is
+    /// (one command each), so unstriped write-backs allocate nothing more.
     fn writeback_pipeline(
         &self,
         writes: &[WriteBack<'_>],
         more: usize,
-    ) -> Result<(Pipeline, Vec<Vec<Part>>)> {
+    ) -> Result<(Pipeline, Option<Vec<Vec<Part>>>)> {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let mut pipe = Pipeline::with_capacity(writes.len() + more);
-        let mut per_write = Vec::with_capacity(writes.len());
+        let mut parts = writes
+            .iter()
+            .any(|w| w.entry.stripes > 1)
+            .then(|| Vec::with_capacity(writes.len()));
         for w in writes {
             validate_key(w.id)?;
-            per_write.push(add_reconcile_cmds(
-                &mut pipe,
-                w.entry,
-                w.id,
-                now_arg,
-                local_now_us,
-            ));
+            match &mut parts {
+                Some(parts) => parts.push(add_reconcile_cmds(
+                    &mut pipe,
+                    w.entry,
+                    w.id,
+                    now_arg,
+                    local_now_us,
+                )),
+                None => {
+                    pipe.add_command(reconcile_cmd(w.entry, w.id, now_arg, local_now_us));
+                }
+            }
         }
-        Ok((pipe, per_write))
+        Ok((pipe, parts))
     }
 
     /// Removes `instance_id` from the heartbeat set `zset_key` (when an
