@@ -323,18 +323,15 @@ impl RedisTier {
                     left: 0,
                     takers: Vec::new(),
                 };
+                // Any other outcome says nothing of the stripe's room: it is left out.
                 for (&(stripe, units), outcome) in parts.iter().zip(got) {
-                    match outcome {
-                        Ok(Written::Applied(n)) => {
-                            more[s.write] += n;
-                            if n < units {
-                                again.left += units - n;
-                            } else {
-                                again.takers.push(stripe);
-                            }
+                    if let Ok(Written::Applied(n)) = outcome {
+                        more[s.write] += n;
+                        if n < units {
+                            again.left += units - n;
+                        } else {
+                            again.takers.push(stripe);
                         }
-                        // Not measurable: leave this stripe out.
-                        _ => {}
                     }
                 }
                 if again.left > 0 && !again.takers.is_empty() {
