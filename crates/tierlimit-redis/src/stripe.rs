@@ -321,17 +321,23 @@ impl RedisTier {
                 let mut again = Spill {
                     write: s.write,
                     left: 0,
-                    takers: Vec::new(),
+                    takers: s.takers,
                 };
-                // Any other outcome says nothing of the stripe's room: it is left out.
+                // A stripe that refused some is full; one that answered
+                // otherwise says nothing of its room: both are left out. A
+                // taker sent nothing this round (fewer units than takers)
+                // stays one.
                 for (&(stripe, units), outcome) in parts.iter().zip(got) {
-                    if let Ok(Written::Applied(n)) = outcome {
-                        more[s.write] += n;
-                        if n < units {
-                            again.left += units - n;
-                        } else {
-                            again.takers.push(stripe);
+                    let took = match outcome {
+                        Ok(Written::Applied(n)) => {
+                            more[s.write] += n;
+                            again.left += units - n.min(units);
+                            n >= units
                         }
+                        _ => false,
+                    };
+                    if !took {
+                        again.takers.retain(|&t| t != stripe);
                     }
                 }
                 if again.left > 0 && !again.takers.is_empty() {

@@ -306,14 +306,31 @@ async fn what_a_full_stripe_refuses_spills_to_the_others() {
     let tiers = tiers(&server).await;
     let whole = rule(Algorithm::FixedWindow, 8, HOUR);
     let set = striped("hotspill", whole.clone());
-    // Stripe 0 (the unstriped key, limit 2) full.
+    // Stripe 0 (the unstriped key, limit 2) full, stripe 1 one short.
     let stripe0 = set.stripe(0).expect("stripe 0");
     for _ in 0..2 {
         let v = tiers[0].check(HOT, stripe0, 1).await.expect("check");
         assert!(v.decision.allowed);
     }
     let at = NOW_US - 1_000;
-    // 4 units: 1 per stripe; stripe 0 refuses its 1, which goes elsewhere.
+    // One unit on stripe 1 alone (an unstriped write-back to its key, under its rule).
+    let stripe1 = set.stripe(1).expect("stripe 1");
+    let one = LedgerEntry::new(
+        stripe_storage_key(&set, 1),
+        stripe1.rules()[0].clone(),
+        1,
+        at,
+        at,
+    );
+    let out = tiers[0]
+        .reconcile(&[WriteBack::new("wb-1", &one)])
+        .await
+        .expect("call");
+    assert_eq!(out[0].as_ref().expect("written"), &Written::Applied(1));
+    // 4 units, 1 per stripe: stripe 0 refuses its 1, stripe 1 takes its 1
+    // and is full; the spilled unit first goes to stripe 1 (full: refused
+    // again), then to another stripe. Regression: a spill whose taker
+    // refused was dropped while stripes sent nothing that round had room.
     let entry =
         LedgerEntry::new(stripe_storage_key(&set, 0), whole, 4, at, at).with_stripes(STRIPES);
     let out = tiers[0]
@@ -326,7 +343,7 @@ async fn what_a_full_stripe_refuses_spills_to_the_others() {
     for stripe in 0..STRIPES {
         counts.push(window_count(&mut conn, &stripe_storage_key(&set, stripe)).await);
     }
-    assert_eq!(counts.iter().sum::<u64>(), 6, "{counts:?}");
-    assert_eq!(counts[0], 2, "{counts:?}");
+    assert_eq!(counts.iter().sum::<u64>(), 2 + 1 + 4, "{counts:?}");
+    assert_eq!(counts[..2], [2, 2], "{counts:?}");
     assert!(counts.iter().all(|&c| c <= 2), "{counts:?}");
 }
