@@ -161,7 +161,10 @@ impl RuleSet {
     /// retry-after, not once per request. A striped decision's `limit` is
     /// the whole rule's; its `remaining` (and each rule's) is the deciding
     /// stripe's scaled by the number of stripes, at most the capacity: an
-    /// estimate, since the other stripes were not read.
+    /// estimate, since the other stripes were not read. The local tier's warm
+    /// start (when an outage begins) starts from that estimate too, so it may
+    /// be off by what the stripes' usage differs; the write-back afterwards
+    /// never charges the key beyond its limit.
     ///
     /// # Accuracy
     ///
