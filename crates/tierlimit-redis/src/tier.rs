@@ -377,12 +377,18 @@ impl RedisTier {
     /// after the pipeline, one call each, within the same deadline.
     pub async fn check_many(&self, checks: &[CheckRequest<'_>]) -> Result<Vec<Result<Verdict>>> {
         let deadline = tokio::time::Instant::now() + self.inner.deadline;
-        let first: Vec<u32> = checks.iter().map(|c| first_stripe(c.set)).collect();
+        // Each check's first stripe; empty (no allocation) when none is striped.
+        let first: Vec<u32> = if checks.iter().any(|c| c.set.stripes() > 1) {
+            checks.iter().map(|c| first_stripe(c.set)).collect()
+        } else {
+            Vec::new()
+        };
+        let first_of = |i: usize| first.get(i).copied().unwrap_or(0);
         let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
         let mut sent = Vec::new();
         let mut pipe = Pipeline::with_capacity(checks.len());
         for (i, check) in checks.iter().enumerate() {
-            match self.check_cmd(check.key, check.set, check.cost, first[i]) {
+            match self.check_cmd(check.key, check.set, check.cost, first_of(i)) {
                 Ok(cmd) => {
                     pipe.add_command(cmd);
                     sent.push(i);
@@ -405,7 +411,7 @@ impl RedisTier {
             for (i, reply) in sent.iter().zip(replies) {
                 results[*i] = Some(match reply {
                     Some(Value::ServerError(e)) => Err(classify_server(e)),
-                    Some(value) => parse_verdict(value, stripe_set(checks[*i].set, first[*i])),
+                    Some(value) => parse_verdict(value, stripe_set(checks[*i].set, first_of(*i))),
                     None => Err(match &outcome {
                         Err(failure) => failure.to_error(),
                         Ok(()) => timeout(),
@@ -417,6 +423,9 @@ impl RedisTier {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(timeout())))
             .collect();
+        if first.is_empty() {
+            return Ok(results);
+        }
         Ok(self
             .finish_striped_many(checks, &first, results, deadline)
             .await)
