@@ -118,3 +118,39 @@ async fn a_striped_key_writes_back_over_its_stripes() {
         );
     }
 }
+
+/// A saturated striped key costs up to one call per stripe once, then the
+/// denial cache keeps it off Redis until the earliest stripe's retry-after:
+/// the round trips a denial of a striped key takes are paid once per
+/// retry-after, not once per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_striped_key_is_denied_from_the_cache() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let limiter = healthy(builder(&server.url())).await;
+    let rule = Rule::with_period(8, Duration::from_secs(mid_window_days() * DAY))
+        .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+        .expect("valid");
+    let set = RuleSet::new("saturated", [rule])
+        .and_then(|s| s.with_stripes(STRIPES))
+        .expect("valid");
+    for _ in 0..8 {
+        let d = limiter.check(HOT, &set, 1).await.expect("valid");
+        assert!(d.allowed && d.tier == Tier::Redis, "{d:?}");
+    }
+    let before = server.command_calls("evalsha").await;
+    let d = limiter.check(HOT, &set, 1).await.expect("valid");
+    assert!(!d.allowed && d.tier == Tier::Redis, "{d:?}");
+    assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO));
+    let denial = server.command_calls("evalsha").await - before;
+    assert_eq!(denial, u64::from(STRIPES), "every stripe asked once");
+    for _ in 0..20 {
+        let d = limiter.check(HOT, &set, 1).await.expect("valid");
+        assert!(!d.allowed && d.tier == Tier::DenyCache, "{d:?}");
+    }
+    assert_eq!(
+        server.command_calls("evalsha").await - before,
+        denial,
+        "no Redis call while the denial is cached"
+    );
+}
