@@ -165,6 +165,32 @@ pub enum Error {
         /// The index of the repetition.
         second: usize,
     },
+    /// A rule set asked to stripe its keys over a number of stripes outside
+    /// 1 to [`MAX_STRIPES`](crate::MAX_STRIPES) (see
+    /// [`RuleSet::with_stripes`](crate::RuleSet::with_stripes)).
+    #[error("a rule set stripes a key over 1 to {max} sub-keys (got {stripes})")]
+    StripesOutOfRange {
+        /// The number of stripes asked for.
+        stripes: u64,
+        /// The largest number accepted.
+        max: u32,
+    },
+    /// A rule whose limit or capacity (burst) is below the number of stripes:
+    /// some stripe would get a share of 0 and could never admit anything.
+    #[error(
+        "rule {rule} cannot be striped over {stripes} sub-keys: its {what} of {value} \
+         leaves some sub-key a share of 0 (use at most {value} stripes)"
+    )]
+    StripesExceedRule {
+        /// The number of stripes asked for.
+        stripes: u32,
+        /// The index of the rule.
+        rule: usize,
+        /// `"limit"` or `"capacity"`.
+        what: &'static str,
+        /// That rule's limit or capacity.
+        value: u64,
+    },
     /// A rule set's name was empty, too long, or used characters outside `[A-Za-z0-9_.-]`.
     #[error("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]")]
     InvalidName {

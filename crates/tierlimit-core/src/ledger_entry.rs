@@ -33,6 +33,12 @@ pub struct LedgerEntry {
     pub first_us: u64,
     /// Wall-clock time of the last unit, µs since the Unix epoch.
     pub last_us: u64,
+    /// The number of stripes the key is spread over (1: not striped). A
+    /// striped entry is written back over its stripes, each its
+    /// [share](crate::stripe_share) of the units under its share of the rule
+    /// (see [`RuleSet::with_stripes`](crate::RuleSet::with_stripes));
+    /// `storage_key` is then stripe 0's.
+    pub stripes: u32,
 }
 
 impl LedgerEntry {
@@ -44,7 +50,14 @@ impl LedgerEntry {
             units,
             first_us,
             last_us,
+            stripes: 1,
         }
+    }
+
+    /// The same entry for a key spread over `stripes` stripes (see
+    /// [`stripes`](Self::stripes)).
+    pub fn with_stripes(self, stripes: u32) -> Self {
+        LedgerEntry { stripes, ..self }
     }
 
     /// The wall-clock time (µs) after which these units can no longer change any

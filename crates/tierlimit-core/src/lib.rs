@@ -30,6 +30,7 @@ mod policy;
 mod rule;
 mod rule_set;
 mod rule_spec;
+mod stripe;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::{Decision, RuleState, Tier};
@@ -40,3 +41,4 @@ pub use policy::Policy;
 pub use rule::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_REFILL_US, MAX_SLIDING_LOG_LIMIT, Rule};
 pub use rule_set::{MAX_RULES, RuleSet};
 pub use rule_spec::{parse_duration, parse_utc_offset};
+pub use stripe::{MAX_STRIPES, stripe_key, stripe_share, stripe_storage_key};

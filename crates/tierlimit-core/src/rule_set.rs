@@ -50,12 +50,19 @@ struct Inner {
     script_args: Vec<[String; 5]>,
     policy: Option<Policy>,
     reconcile: Option<bool>,
+    /// One set per stripe, each rule at its share (see
+    /// [`RuleSet::with_stripes`]); empty when the set is not striped.
+    stripes: Vec<RuleSet>,
 }
 
 impl PartialEq for RuleSet {
     fn eq(&self, other: &Self) -> bool {
         let (a, b) = (&*self.inner, &*other.inner);
-        a.name == b.name && a.rules == b.rules && a.policy == b.policy && a.reconcile == b.reconcile
+        a.name == b.name
+            && a.rules == b.rules
+            && a.policy == b.policy
+            && a.reconcile == b.reconcile
+            && a.stripes.len() == b.stripes.len()
     }
 }
 
@@ -106,6 +113,7 @@ impl RuleSet {
                 script_args,
                 policy: None,
                 reconcile: None,
+                stripes: Vec::new(),
             }),
         })
     }
@@ -128,6 +136,119 @@ impl RuleSet {
         self.modify(|inner| inner.reconcile = Some(on))
     }
 
+    /// Spreads every user key of this set over `stripes` sub-keys (stripes),
+    /// for a hot key that one Redis Cluster node cannot serve alone (one rule
+    /// for a whole tenant, say). Each stripe has a hash tag of its own (see
+    /// [`stripe_key`](crate::stripe_key)), so on a cluster the stripes land on
+    /// different slots, and each has a share of every rule: the limit and the
+    /// burst split by [`stripe_share`](crate::stripe_share) (10 over 4 is
+    /// 3, 3, 2, 2), so the shares add up to the rule exactly. 1 stripe is no
+    /// striping (the default).
+    ///
+    /// [`Error::StripesOutOfRange`] unless `stripes` is 1 to
+    /// [`MAX_STRIPES`](crate::MAX_STRIPES); [`Error::StripesExceedRule`] when
+    /// a rule's limit or capacity is below `stripes` (a stripe would get 0).
+    ///
+    /// # How the Redis tier checks a striped key
+    ///
+    /// A check asks one stripe, chosen at random; when that stripe denies it,
+    /// the next, and so on, until one admits or all `stripes` have denied it.
+    /// So a key with room anywhere is admitted, and a denial costs up to
+    /// `stripes` round trips (in turn, all within the one deadline of the
+    /// check). The denial's retry-after is the earliest of the stripes', and
+    /// the hybrid limiter's denial cache keeps a saturated key off Redis
+    /// until then, so a saturated key pays those round trips once per
+    /// retry-after, not once per request. A striped decision's `limit` is
+    /// the whole rule's; its `remaining` (and each rule's) is the deciding
+    /// stripe's scaled by the number of stripes, at most the capacity: an
+    /// estimate, since the other stripes were not read. The local tier's warm
+    /// start (when an outage begins) starts from that estimate too, so it may
+    /// be off by what the stripes' usage differs; the write-back afterwards
+    /// never charges the key beyond its limit.
+    ///
+    /// # Accuracy
+    ///
+    /// With limit `L` (capacity `C`) over `K` stripes and checks of cost `c`:
+    ///
+    /// * **Never above the limit.** Each stripe is exact for its share, and
+    ///   the shares add up to `L` (and `C`): a fixed window admits at most
+    ///   `L` per window, a sliding log at most `L` in any trailing period,
+    ///   GCRA and the token bucket at most `C + L·t/period` over any span
+    ///   `t`, as without striping. The sliding window counter keeps its own
+    ///   approximation per stripe.
+    /// * **Close to the limit when demand exceeds it.** A check is denied
+    ///   only after every stripe denied it, each then holding fewer than `c`
+    ///   units, so the key held fewer than `K·(c − 1) + 1` units in all: a
+    ///   window in which a check of cost `c` was denied admitted at least
+    ///   `L − K·(c − 1)`, and for checks of cost 1 exactly `L`.
+    /// * **Cost.** A check's cost must fit on one stripe: at most the
+    ///   smallest stripe's capacity, `⌊C/K⌋`
+    ///   ([`validate_cost`](Self::validate_cost) says so).
+    ///
+    /// # State, reload and the local tier
+    ///
+    /// Striping keeps the [`identity`](Self::identity): stripe 0 is the
+    /// unstriped key itself and every stripe keeps the rules' ids, so
+    /// striping a set, or changing its number of stripes, carries state over
+    /// as a changed limit does (stripe 0 keeps what the key used; stripes
+    /// added start empty, stripes dropped expire by their TTL). The local
+    /// tier ignores stripes: during an outage it limits the whole key by the
+    /// whole rule (this instance's share of it), and the write-back spreads
+    /// what it admitted over the stripes by the same shares, so no stripe is
+    /// charged beyond its share of the limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::{Error, Rule, RuleSet};
+    ///
+    /// let tenant = RuleSet::new("tenant", [Rule::per_second(1000)?])?.with_stripes(4)?;
+    /// assert_eq!(tenant.stripes(), 4);
+    /// assert_eq!(tenant.stripe(3).map(|s| s.rules()[0].limit()), Some(250));
+    /// assert!(matches!(
+    ///     RuleSet::new("tiny", [Rule::per_second(3)?])?.with_stripes(4),
+    ///     Err(Error::StripesExceedRule { rule: 0, .. })
+    /// ));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn with_stripes(self, stripes: u32) -> Result<RuleSet> {
+        for (i, rule) in self.rules().iter().enumerate() {
+            rule.check_stripes(stripes, i)?;
+        }
+        let sets = if stripes == 1 {
+            Vec::new()
+        } else {
+            (0..stripes)
+                .map(|s| {
+                    let rules = self
+                        .rules()
+                        .iter()
+                        .map(|r| r.stripe(stripes, s))
+                        .collect::<Result<Vec<Rule>>>()?;
+                    RuleSet::new(self.name(), rules)
+                })
+                .collect::<Result<Vec<RuleSet>>>()?
+        };
+        Ok(self.modify(|inner| inner.stripes = sets))
+    }
+
+    /// The number of stripes each user key is spread over (1: not striped);
+    /// see [`with_stripes`](Self::with_stripes).
+    pub fn stripes(&self) -> u32 {
+        u32::try_from(self.inner.stripes.len().max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Stripe `stripe`'s rule set: the same name and rule ids, each rule at
+    /// its [share](crate::Rule::stripe); this set itself for stripe 0 of an
+    /// unstriped set, `None` past the last stripe. Read-only: what the Redis
+    /// tier checks one stripe with.
+    pub fn stripe(&self, stripe: u32) -> Option<&RuleSet> {
+        if self.inner.stripes.is_empty() {
+            return (stripe == 0).then_some(self);
+        }
+        self.inner.stripes.get(usize::try_from(stripe).ok()?)
+    }
+
     fn modify(self, f: impl FnOnce(&mut Inner)) -> RuleSet {
         let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
             name: shared.name.clone(),
@@ -139,6 +260,7 @@ impl RuleSet {
             script_args: shared.script_args.clone(),
             policy: shared.policy,
             reconcile: shared.reconcile,
+            stripes: shared.stripes.clone(),
         });
         f(&mut inner);
         RuleSet {
@@ -198,8 +320,9 @@ impl RuleSet {
     }
 
     /// A number no other rule set of this process has had or will have
-    /// (clones share it; [`with_policy`](Self::with_policy) and
-    /// [`with_reconcile`](Self::with_reconcile) make a new one): what caches of
+    /// (clones share it; [`with_policy`](Self::with_policy),
+    /// [`with_reconcile`](Self::with_reconcile) and
+    /// [`with_stripes`](Self::with_stripes) make a new one): what caches of
     /// per-set handles, such as metric counters, are keyed by.
     pub fn id(&self) -> u64 {
         self.inner.id
@@ -231,7 +354,12 @@ impl RuleSet {
 
     /// Checks a cost against every rule: 0 is [`Error::ZeroCost`], more than a
     /// rule's capacity is [`Error::CostExceedsCapacity`] (it could never succeed).
+    /// A [striped](Self::with_stripes) set's capacity is its smallest
+    /// stripe's: one check is decided by one stripe.
     pub fn validate_cost(&self, cost: u64) -> Result<()> {
+        if let Some(smallest) = self.inner.stripes.last() {
+            return smallest.validate_cost(cost);
+        }
         if cost == 0 {
             return Err(Error::ZeroCost);
         }
@@ -399,6 +527,68 @@ mod tests {
             .and_then(|r| r.with_algorithm(crate::Algorithm::FixedWindow))
             .expect("valid");
         assert!(RuleSet::new("s", [Rule::per_minute(10).expect("valid"), other_algorithm]).is_ok());
+    }
+
+    #[test]
+    fn striping_is_validated_and_keeps_the_identity() {
+        let set = RuleSet::new(
+            "s",
+            [
+                Rule::per_second(10).expect("valid"),
+                Rule::per_minute(7)
+                    .and_then(|r| r.with_burst(5))
+                    .expect("valid"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(set.stripes(), 1);
+        assert!(
+            set.stripe(0)
+                .is_some_and(|s| Arc::ptr_eq(&s.inner, &set.inner))
+        );
+        assert!(set.stripe(1).is_none());
+        for bad in [0, crate::MAX_STRIPES + 1] {
+            assert!(matches!(
+                set.clone().with_stripes(bad),
+                Err(Error::StripesOutOfRange { .. })
+            ));
+        }
+        // Rule 1's burst of 5 cannot give 6 stripes one unit each.
+        assert!(matches!(
+            set.clone().with_stripes(6),
+            Err(Error::StripesExceedRule {
+                rule: 1,
+                what: "capacity",
+                value: 5,
+                ..
+            })
+        ));
+        let striped = set.clone().with_stripes(5).expect("5 fits every rule");
+        assert_eq!(striped.stripes(), 5);
+        assert!(striped.same_identity(&set));
+        assert_ne!(striped, set);
+        assert_eq!(striped.clone().with_stripes(1).expect("valid"), set);
+        let shares: Vec<(u64, u64)> = (0..5)
+            .map(|i| {
+                let s = striped.stripe(i).expect("in range");
+                assert_eq!(s.identity(), set.identity());
+                (s.rules()[0].limit(), s.rules()[1].capacity())
+            })
+            .collect();
+        assert_eq!(shares, [(2, 1); 5]);
+        // Policy and reconcile after striping keep the stripes.
+        let striped = striped.with_reconcile(false);
+        assert_eq!(striped.stripes(), 5);
+        // One check is decided by one stripe: its cost fits the smallest.
+        assert!(striped.validate_cost(1).is_ok());
+        assert!(matches!(
+            striped.validate_cost(2),
+            Err(Error::CostExceedsCapacity {
+                rule: 1,
+                capacity: 1,
+                ..
+            })
+        ));
     }
 
     #[test]

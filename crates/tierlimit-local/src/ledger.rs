@@ -9,6 +9,8 @@ use crate::bounded::{BoundedMap, ValueBytes};
 #[derive(Debug, Clone)]
 struct Units {
     rule: Rule,
+    /// The stripes the key is spread over (1: not striped), as last recorded.
+    stripes: u32,
     /// Everything owed, the units being sent included.
     units: u64,
     first_us: u64,
@@ -84,7 +86,7 @@ impl Ledger {
 
     /// Records `units` admitted locally for `storage_key` under `rule` at `now_us`.
     pub fn record(&self, storage_key: String, rule: &Rule, units: u64, now_us: u64) {
-        self.record_span(storage_key, rule, units, now_us, now_us);
+        self.record_span(storage_key, rule, 1, units, now_us, now_us);
     }
 
     /// Records `units` admitted locally for `storage_key` under `rule` between
@@ -93,10 +95,16 @@ impl Ledger {
     /// A storage key names its rule's algorithm, period and UTC offset, not
     /// its limit or burst: when those changed since the entry was made, the
     /// entry is written back under the latest `rule` recorded.
+    ///
+    /// `stripes` is the number of stripes the key is spread over (1: not
+    /// striped; see `RuleSet::with_stripes`), `storage_key` then stripe 0's:
+    /// the write-back spreads the units over the stripes. The latest recorded
+    /// counts, as for the rule.
     pub fn record_span(
         &self,
         storage_key: String,
         rule: &Rule,
+        stripes: u32,
         units: u64,
         first_us: u64,
         last_us: u64,
@@ -106,6 +114,7 @@ impl Ledger {
             .entries
             .get_or_try_insert((storage_key, window), |_| Units {
                 rule: rule.clone(),
+                stripes,
                 units: 0,
                 first_us,
                 last_us,
@@ -116,6 +125,7 @@ impl Ledger {
                 if e.rule != *rule {
                     e.rule = rule.clone();
                 }
+                e.stripes = stripes;
                 let added = units.min(u64::MAX - e.units);
                 e.units += added;
                 self.units.fetch_add(added, Ordering::Relaxed);
@@ -163,7 +173,7 @@ impl Ledger {
             last_us: u.last_us,
         };
         let sending = *u.sending.get_or_insert(fresh);
-        let rule = u.rule.clone();
+        let (rule, stripes) = (u.rule.clone(), u.stripes);
         drop(u);
         let (storage_key, window) = key;
         Some(Claim {
@@ -174,7 +184,8 @@ impl Ledger {
                 sending.units,
                 sending.first_us,
                 sending.last_us,
-            ),
+            )
+            .with_stripes(stripes),
             raw_id: sending.id,
             window,
             resent,
@@ -356,6 +367,24 @@ mod tests {
             ledger.units() as u128 + ledger.overflow_units() as u128,
             2_048u128 << 53
         );
+    }
+
+    /// A striped key's entry says how many stripes to spread it over: the
+    /// latest recorded, like its rule.
+    #[test]
+    fn claims_carry_the_stripes_last_recorded() {
+        let ledger = Ledger::new(10, 1 << 20);
+        let rule = Rule::per_hour(100).expect("valid");
+        ledger.record_span("k".into(), &rule, 4, 2, S, S);
+        ledger.record_span("k".into(), &rule, 8, 1, 2 * S, 2 * S);
+        ledger.record("u".into(), &rule, 1, S);
+        let mut claims = ledger.claim(10);
+        claims.sort_by(|a, b| a.entry.storage_key.cmp(&b.entry.storage_key));
+        let got: Vec<(u32, u64)> = claims
+            .iter()
+            .map(|c| (c.entry.stripes, c.entry.units))
+            .collect();
+        assert_eq!(got, [(8, 3), (1, 1)]);
     }
 
     #[test]

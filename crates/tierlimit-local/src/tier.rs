@@ -840,8 +840,14 @@ impl LocalTier {
 
     fn move_owed(&self, set: &RuleSet, escaped_key: &str, rule: usize, owed: &Owed) {
         if let (Some((units, first, last, _)), Some(r)) = (owed.take(), set.rules().get(rule)) {
-            self.ledger
-                .record_span(set.storage_key(escaped_key, rule), r, units, first, last);
+            self.ledger.record_span(
+                set.storage_key(escaped_key, rule),
+                r,
+                set.stripes(),
+                units,
+                first,
+                last,
+            );
         }
     }
 
@@ -924,8 +930,14 @@ impl LocalTier {
             None => {
                 for (i, rule) in set.rules().iter().enumerate() {
                     if set.reconciles(i) {
-                        self.ledger
-                            .record(set.storage_key(escaped_key, i), rule, cost, now);
+                        self.ledger.record_span(
+                            set.storage_key(escaped_key, i),
+                            rule,
+                            set.stripes(),
+                            cost,
+                            now,
+                            now,
+                        );
                     }
                 }
             }

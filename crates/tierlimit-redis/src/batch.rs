@@ -56,6 +56,13 @@ impl<'a> CheckKey<'a> {
     pub fn escaped(&self) -> &str {
         &self.escaped
     }
+
+    /// The key of stripe `stripe` (see [`stripe_key`](tierlimit_core::stripe_key)).
+    pub(crate) fn striped(&self, stripe: u32) -> CheckKey<'_> {
+        CheckKey {
+            escaped: tierlimit_core::stripe_key(&self.escaped, stripe),
+        }
+    }
 }
 
 /// One check's outcome from [`RedisTier::check_key`](crate::RedisTier::check_key).

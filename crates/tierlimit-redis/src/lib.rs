@@ -38,6 +38,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Hot keys
+//!
+//! A rule set made with [`RuleSet::with_stripes`](tierlimit_core::RuleSet::with_stripes)
+//! spreads each user key over K stripes, each its own hash tag (so its own
+//! Cluster slot) with a share of every rule: a check asks one stripe at
+//! random and, while they deny, the others in turn, within one deadline; a
+//! write-back spreads its units over the stripes. The accuracy bound is
+//! documented there.
+//!
 //! # TLS and ACL users
 //!
 //! `rediss://` URLs need the `tls` feature (on by default): rustls with the
@@ -57,6 +66,7 @@ mod config;
 mod failure;
 mod reconcile;
 mod script;
+mod stripe;
 mod tier;
 mod verdict;
 

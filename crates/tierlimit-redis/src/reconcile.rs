@@ -1,10 +1,10 @@
 //! Writing an outage ledger back: arguments and replies of `lua/reconcile.lua`.
 
-use redis::{Cmd, RedisWrite, Value};
-use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result};
+use redis::{Cmd, Pipeline, RedisWrite, Value};
+use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key};
 
 use crate::RECONCILE;
-use crate::failure::classify_server;
+use crate::failure::{classify_server, timeout};
 
 /// How long past an entry's last relevant moment its batch marker is kept, so
 /// a batch re-sent late (after a long outage, or across clock skew between
@@ -103,6 +103,111 @@ pub(crate) fn reconcile_cmd(
         .arg(marker_ms)
         .arg(batch_id);
     cmd
+}
+
+/// One command of a write-back: the stripe it charges (0 when not striped)
+/// and the units it sends.
+pub(crate) type Part = (u32, u64);
+
+/// Adds the reconcile commands of one write-back to `pipe`, and answers what
+/// each sends: one command, or for a striped entry one per stripe that gets
+/// units, each stripe its [`stripe_share`] of the units under its share of
+/// the rule, so no stripe is charged beyond its share of the limit while the
+/// stripes together are charged every unit. Each stripe's key keeps its own
+/// marker of the batch id, so a re-sent write-back changes no stripe twice.
+pub(crate) fn add_reconcile_cmds(
+    pipe: &mut Pipeline,
+    entry: &LedgerEntry,
+    batch_id: &str,
+    now_arg: u64,
+    local_now_us: u64,
+) -> Vec<Part> {
+    let k = entry.stripes;
+    let parts: Option<Vec<(Part, LedgerEntry)>> = if k > 1 {
+        (0..k)
+            .map(|i| (i, stripe_share(entry.units, k, i)))
+            .filter(|&(_, units)| units > 0)
+            .map(|(i, units)| Some(((i, units), stripe_entry(entry, i, units)?)))
+            .collect()
+    } else {
+        None
+    };
+    match parts {
+        Some(parts) => parts
+            .into_iter()
+            .map(|(part, e)| {
+                pipe.add_command(reconcile_cmd(&e, batch_id, now_arg, local_now_us));
+                part
+            })
+            .collect(),
+        // Not striped, or a rule that no longer splits over the stripes (a
+        // hand-made entry: a striped set's rules always do): all on stripe 0,
+        // whose key the entry names, so nothing is lost.
+        None => {
+            pipe.add_command(reconcile_cmd(entry, batch_id, now_arg, local_now_us));
+            vec![(0, entry.units)]
+        }
+    }
+}
+
+/// `units` of a striped `entry` as an entry of stripe `stripe`: its key, its
+/// share of the rule. `None` when the rule does not split over the stripes.
+pub(crate) fn stripe_entry(entry: &LedgerEntry, stripe: u32, units: u64) -> Option<LedgerEntry> {
+    let rule = entry.rule.stripe(entry.stripes, stripe).ok()?;
+    Some(LedgerEntry::new(
+        stripe_storage_key(&entry.storage_key, stripe),
+        rule,
+        units,
+        entry.first_us,
+        entry.last_us,
+    ))
+}
+
+/// The outcome of each command, grouped by write-back (`parts[i].len()`
+/// commands for write-back `i`, in order; see [`add_reconcile_cmds`]).
+pub(crate) fn written_parts(
+    replies: Vec<Option<Value>>,
+    parts: &[Vec<Part>],
+) -> Vec<Vec<Result<Written>>> {
+    let mut replies = replies.into_iter();
+    parts
+        .iter()
+        .map(|p| {
+            replies
+                .by_ref()
+                .take(p.len())
+                .map(|r| r.ok_or_else(timeout).and_then(written))
+                .collect()
+        })
+        .collect()
+}
+
+/// One write-back's outcome from its commands': the first error (the whole
+/// write-back is re-sent under its id; stripes that applied it answer
+/// [`Written::AlreadyApplied`] then), else a refusal, else the units applied
+/// now over all stripes (plus `more`, applied by spilling), else expired when
+/// every stripe's window passed.
+pub(crate) fn fold(parts: Vec<Result<Written>>, more: u64) -> Result<Written> {
+    let (mut applied, mut expired, mut refused) = (None::<u64>, true, None);
+    for part in parts {
+        match part? {
+            Written::Applied(n) => {
+                applied = Some(applied.unwrap_or(0).saturating_add(n));
+                expired = false;
+            }
+            Written::AlreadyApplied => expired = false,
+            Written::Expired => {}
+            Written::Refused(why) => {
+                refused.get_or_insert(why);
+            }
+        }
+    }
+    Ok(match (refused, applied) {
+        (Some(why), _) => Written::Refused(why),
+        (None, Some(n)) => Written::Applied(n.saturating_add(more)),
+        (None, None) if expired => Written::Expired,
+        (None, None) => Written::AlreadyApplied,
+    })
 }
 
 /// Between a storage key and a batch id in the batch marker's key.

@@ -14,15 +14,16 @@ use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 use tierlimit_core::{
-    Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, validate_key,
+    Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, stripe_key, validate_key,
 };
 
 use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
-use crate::reconcile::{WriteBack, Written, reconcile_cmd, written};
+use crate::reconcile::{Part, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::CHECK_BATCH;
+use crate::stripe::{first_stripe, stripe_set};
 use crate::verdict::parse_verdict;
 use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 
@@ -194,7 +195,24 @@ impl RedisTier {
     ///
     /// All keys of one check share a hash tag, so a batch splits by Cluster
     /// slot along check boundaries.
+    ///
+    /// A [striped](RuleSet::with_stripes) set's check asks its stripes in
+    /// turn (each such call batched like any other), all within one deadline:
+    /// see there.
     pub async fn check_key(&self, key: &CheckKey<'_>, set: &RuleSet, cost: u64) -> Checked {
+        if set.stripes() > 1 {
+            return self.check_striped(key, set, cost).await;
+        }
+        self.check_whole(key, set, cost).await
+    }
+
+    /// [`check_key`](Self::check_key) of an unstriped set, or of one stripe.
+    pub(crate) async fn check_whole(
+        &self,
+        key: &CheckKey<'_>,
+        set: &RuleSet,
+        cost: u64,
+    ) -> Checked {
         if let Err(e) = set.validate_cost(cost) {
             return Checked {
                 result: Err(e),
@@ -353,12 +371,24 @@ impl RedisTier {
     /// `NOSCRIPT` are sent again; a check that ran is never sent twice. If the
     /// deadline passes during that second round, the checks of the first round
     /// keep their verdicts and the others get a timeout.
+    ///
+    /// A [striped](RuleSet::with_stripes) check asks one stripe in the
+    /// pipeline; when that stripe denies it, the other stripes are asked
+    /// after the pipeline, one call each, within the same deadline.
     pub async fn check_many(&self, checks: &[CheckRequest<'_>]) -> Result<Vec<Result<Verdict>>> {
+        let deadline = tokio::time::Instant::now() + self.inner.deadline;
+        // Each check's first stripe; empty (no allocation) when none is striped.
+        let first: Vec<u32> = if checks.iter().any(|c| c.set.stripes() > 1) {
+            checks.iter().map(|c| first_stripe(c.set)).collect()
+        } else {
+            Vec::new()
+        };
+        let first_of = |i: usize| first.get(i).copied().unwrap_or(0);
         let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
         let mut sent = Vec::new();
         let mut pipe = Pipeline::with_capacity(checks.len());
         for (i, check) in checks.iter().enumerate() {
-            match self.check_cmd(check.key, check.set, check.cost) {
+            match self.check_cmd(check.key, check.set, check.cost, first_of(i)) {
                 Ok(cmd) => {
                     pipe.add_command(cmd);
                     sent.push(i);
@@ -381,7 +411,7 @@ impl RedisTier {
             for (i, reply) in sent.iter().zip(replies) {
                 results[*i] = Some(match reply {
                     Some(Value::ServerError(e)) => Err(classify_server(e)),
-                    Some(value) => parse_verdict(value, checks[*i].set),
+                    Some(value) => parse_verdict(value, stripe_set(checks[*i].set, first_of(*i))),
                     None => Err(match &outcome {
                         Err(failure) => failure.to_error(),
                         Ok(()) => timeout(),
@@ -389,10 +419,16 @@ impl RedisTier {
                 });
             }
         }
-        Ok(results
+        let results = results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(timeout())))
-            .collect())
+            .collect();
+        if first.is_empty() {
+            return Ok(results);
+        }
+        Ok(self
+            .finish_striped_many(checks, &first, results, deadline)
+            .await)
     }
 
     /// Sends `PING` under the deadline (connecting first if needed).
@@ -462,21 +498,25 @@ impl RedisTier {
     /// each write-back has its own outcome, in order: an error there is one
     /// that may pass (`-OOM`, say); one that cannot is [`Written::Refused`].
     pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
-        let pipe = self.writeback_pipeline(writes, 0)?;
+        let (pipe, parts) = self.writeback_pipeline(writes, 0)?;
         if pipe.is_empty() {
             return Ok(Vec::new());
         }
+        let replies = self.send_writebacks(&pipe).await?;
+        Ok(self.outcomes(writes, parts, replies).await)
+    }
+
+    /// Sends `pipe`, reconcile script calls, on the reconcile batches'
+    /// connection under the deadline; the replies that came back, in order.
+    pub(crate) async fn send_writebacks(&self, pipe: &Pipeline) -> Result<Vec<Option<Value>>> {
         let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 1] = [&RECONCILE];
         self.call_on(&self.inner.bulk, self.inner.deadline, |conn| {
-            pipeline_scripts(conn, &scripts, &pipe, &mut replies)
+            pipeline_scripts(conn, &scripts, pipe, &mut replies)
         })
         .await
         .map_err(Failure::into_error)?;
-        Ok(replies
-            .into_iter()
-            .map(|r| r.ok_or_else(timeout).and_then(written))
-            .collect())
+        Ok(replies)
     }
 
     /// [`check`](Self::check), with this key's pending write-backs sent first
@@ -508,8 +548,17 @@ impl RedisTier {
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
         set.validate_cost(cost)?;
-        let check = command::check(set, key.escaped(), self.now_arg(), cost, fastrand::u64(..));
-        let mut pipe = self.writeback_pipeline(writes, 1)?;
+        let started = tokio::time::Instant::now();
+        // A striped set's check asks one stripe here, the others after.
+        let stripe = first_stripe(set);
+        let check = command::check(
+            stripe_set(set, stripe),
+            key.striped(stripe).escaped(),
+            self.now_arg(),
+            cost,
+            fastrand::u64(..),
+        );
+        let (mut pipe, parts) = self.writeback_pipeline(writes, 1)?;
         pipe.add_command(check);
         let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 2] = [&RECONCILE, &CHECK];
@@ -532,27 +581,60 @@ impl RedisTier {
         .await
         .map_err(Failure::into_error)?;
         let check = match replies.pop().flatten() {
-            Some(Value::ServerError(e)) => return Err(classify_server(e)),
-            Some(reply) => parse_verdict(reply, set)?,
-            None => return Err(timeout()),
+            Some(Value::ServerError(e)) => Err(classify_server(e)),
+            Some(reply) => parse_verdict(reply, stripe_set(set, stripe)),
+            None => Err(timeout()),
         };
-        let written = replies
-            .into_iter()
-            .map(|r| r.ok_or_else(timeout).and_then(written))
-            .collect();
+        let written = self.outcomes(writes, parts, replies).await;
+        let checked = Checked {
+            result: check,
+            counts_call: true,
+        };
+        let check = self
+            .continue_striped(
+                key,
+                set,
+                cost,
+                stripe,
+                checked,
+                started + self.inner.deadline,
+            )
+            .await
+            .result?;
         Ok((check, written))
     }
 
     /// A pipeline of the write-backs' `EVALSHA`s, with room for `more`
-    /// commands after them.
-    fn writeback_pipeline(&self, writes: &[WriteBack<'_>], more: usize) -> Result<Pipeline> {
+    /// commands after them, and when any is striped the commands of each
+    /// write-back (one per stripe it is spread over); `None` when none is
+    /// (one command each), so unstriped write-backs allocate nothing more.
+    fn writeback_pipeline(
+        &self,
+        writes: &[WriteBack<'_>],
+        more: usize,
+    ) -> Result<(Pipeline, Option<Vec<Vec<Part>>>)> {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let mut pipe = Pipeline::with_capacity(writes.len() + more);
+        let mut parts = writes
+            .iter()
+            .any(|w| w.entry.stripes > 1)
+            .then(|| Vec::with_capacity(writes.len()));
         for w in writes {
             validate_key(w.id)?;
-            pipe.add_command(reconcile_cmd(w.entry, w.id, now_arg, local_now_us));
+            match &mut parts {
+                Some(parts) => parts.push(add_reconcile_cmds(
+                    &mut pipe,
+                    w.entry,
+                    w.id,
+                    now_arg,
+                    local_now_us,
+                )),
+                None => {
+                    pipe.add_command(reconcile_cmd(w.entry, w.id, now_arg, local_now_us));
+                }
+            }
         }
-        Ok(pipe)
+        Ok((pipe, parts))
     }
 
     /// Removes `instance_id` from the heartbeat set `zset_key` (when an
@@ -644,13 +726,14 @@ impl RedisTier {
         self.inner.replaced.load(Ordering::Relaxed)
     }
 
-    /// Validates a check and builds its `EVALSHA` (see `lua/check.lua`).
-    fn check_cmd(&self, key: &str, set: &RuleSet, cost: u64) -> Result<Cmd> {
+    /// Validates a check and builds its `EVALSHA` (see `lua/check.lua`) for
+    /// stripe `stripe` of `set` (0 when it is not striped).
+    fn check_cmd(&self, key: &str, set: &RuleSet, cost: u64, stripe: u32) -> Result<Cmd> {
         validate_key(key)?;
         set.validate_cost(cost)?;
         Ok(command::check(
-            set,
-            &escape_key(key),
+            stripe_set(set, stripe),
+            &stripe_key(&escape_key(key), stripe),
             self.now_arg(),
             cost,
             fastrand::u64(..),
@@ -659,7 +742,7 @@ impl RedisTier {
 
     /// This process's idea of now (µs since the epoch): the injected clock in
     /// client-time mode, else the system clock.
-    fn local_now_us(&self) -> u64 {
+    pub(crate) fn local_now_us(&self) -> u64 {
         match &self.inner.time_source {
             TimeSource::Client(clock) => clock.unix_micros(),
             TimeSource::Server => SystemClock.unix_micros(),
@@ -667,7 +750,7 @@ impl RedisTier {
     }
 
     /// ARGV "now": 0 asks the script for the server's TIME.
-    fn now_arg(&self) -> u64 {
+    pub(crate) fn now_arg(&self) -> u64 {
         match &self.inner.time_source {
             TimeSource::Server => 0,
             // 0 would mean server time: a clock at the epoch is a broken clock anyway.
@@ -966,7 +1049,7 @@ mod tests {
         let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
         tier.check("warm", &set, 1).await.expect("loads the script");
 
-        let check = |key: &str| tier.check_cmd(key, &set, 1).expect("valid check");
+        let check = |key: &str| tier.check_cmd(key, &set, 1, 0).expect("valid check");
         let mut flush = redis::cmd("SCRIPT");
         flush.arg("FLUSH");
         let mut pipe = redis::pipe();

@@ -46,6 +46,7 @@
 //! | `rule_sets.<name>.rules` | array, **required**, 1 to 16 rules | | the rules, strings or tables (below) |
 //! | `rule_sets.<name>.policy` | policy | the limiter's default | [`RuleSet::with_policy`] |
 //! | `rule_sets.<name>.reconcile` | boolean | `true` | [`RuleSet::with_reconcile`] |
+//! | `rule_sets.<name>.stripes` | integer, 1 to 64, at most every rule's limit and burst | `1` (no striping) | [`RuleSet::with_stripes`]: each key spread over this many sub-keys |
 //!
 //! * A **duration** is a string: a count and a unit, `"250us"`, `"50ms"`,
 //!   `"2s"`, `"1m"` (a minute), `"1h"`, `"1d"`; see
@@ -1487,11 +1488,15 @@ fn rule_set(
             format!("invalid rule set name {name:?}: use 1 to 64 characters from [A-Za-z0-9_.-]"),
         );
     }
-    let f = w.fields(&path, v, &["rules", "policy", "reconcile"])?;
+    let f = w.fields(&path, v, &["rules", "policy", "reconcile", "stripes"])?;
     let policy = f.get("policy").and_then(|v| w.policy(&f.path("policy"), v));
     let reconcile = f
         .get("reconcile")
         .and_then(|v| w.boolean(&f.path("reconcile"), v));
+    let stripes_path = f.path("stripes");
+    let stripes = f
+        .get("stripes")
+        .and_then(|v| Some((w.integer(&stripes_path, v, 1)?, v.span())));
     let rules_path = f.path("rules");
     let rules = match f.get("rules") {
         None => {
@@ -1513,6 +1518,24 @@ fn rule_set(
         Err(e) => {
             w.report(&path, Some(v.span()), e.to_string());
             return None;
+        }
+    };
+    let set = match stripes {
+        None => set,
+        Some((k, span)) => {
+            let striped = u32::try_from(k)
+                .map_err(|_| Error::StripesOutOfRange {
+                    stripes: k,
+                    max: tierlimit_core::MAX_STRIPES,
+                })
+                .and_then(|k| set.with_stripes(k));
+            match striped {
+                Ok(set) => set,
+                Err(e) => {
+                    w.report(&stripes_path, Some(span), e.to_string());
+                    return None;
+                }
+            }
         }
     };
     let set = match policy {

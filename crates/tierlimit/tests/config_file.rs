@@ -470,7 +470,9 @@ fn the_example_file_loads_and_builds() {
     builds(&config);
     let names: Vec<&str> = config.rule_sets().iter().map(RuleSet::name).collect();
     assert_eq!(names, ["login", "api"]);
+    assert_eq!(config.rule_set("api").map(RuleSet::stripes), Some(4));
     let login = config.rule_set("login").expect("login");
+    assert_eq!(login.stripes(), 1);
     assert_eq!(login.policy(), Some(Policy::FailClosed));
     assert_eq!(login.rules().len(), 4);
     assert_eq!(
@@ -1297,5 +1299,64 @@ fn an_unreadable_file_is_a_config_error() {
         e.to_string()
             .starts_with("cannot read /nonexistent/tierlimit.toml: "),
         "{e}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Striping (issue 14, hot keys).
+
+#[test]
+fn stripes_are_read_into_the_rule_set() {
+    let config = load(&with_url(
+        "[rule_sets.tenant]\nstripes = 4\nrules = [\"1000/s\", \"10/min\"]\n\
+         [rule_sets.plain]\nrules = [\"3/s\"]\n",
+    ));
+    let tenant = config.rule_set("tenant").expect("tenant");
+    assert_eq!(tenant.stripes(), 4);
+    assert_eq!(
+        tenant.stripe(3).map(|s| s.rules()[1].limit()),
+        Some(2),
+        "10 over 4 stripes: 3, 3, 2, 2"
+    );
+    assert_eq!(config.rule_set("plain").map(RuleSet::stripes), Some(1));
+    // Policy and striping together.
+    let both = load(&with_url(
+        "[rule_sets.t]\npolicy = \"fail-open\"\nstripes = 2\nrules = [\"10/s\"]\n",
+    ));
+    let t = both.rule_set("t").expect("t");
+    assert_eq!((t.stripes(), t.policy()), (2, Some(Policy::FailOpen)));
+}
+
+#[test]
+fn bad_stripes_are_refused_with_path_and_line() {
+    for (value, says) in [
+        ("0", "must be at least 1"),
+        ("65", "1 to 64 sub-keys (got 65)"),
+        ("99999999999", "1 to 64 sub-keys"),
+        ("-2", "must be at least 1"),
+        ("\"4\"", "an integer"),
+        ("2.5", "an integer"),
+        // 3/min cannot give 4 stripes one unit each.
+        (
+            "4",
+            "rule 1 cannot be striped over 4 sub-keys: its limit of 3",
+        ),
+    ] {
+        let line = refused(
+            &with_url(&format!(
+                "[rule_sets.hot]\nrules = [\"100/s\", \"3/min\"]\nstripes = {value}\n"
+            )),
+            "rule_sets.hot.stripes",
+            says,
+        );
+        assert_eq!(line, Some(5), "stripes = {value}");
+    }
+    // A burst below the stripes is refused like a limit.
+    refused(
+        &with_url(
+            "[rule_sets.hot]\nstripes = 8\nrules = [{ limit = 100, per = \"1s\", burst = 5 }]\n",
+        ),
+        "rule_sets.hot.stripes",
+        "its capacity of 5",
     );
 }
