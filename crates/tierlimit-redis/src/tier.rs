@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
@@ -18,6 +18,7 @@ use tierlimit_core::{
 };
 
 use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
+use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slot, seed_urls};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
@@ -65,18 +66,18 @@ pub struct RedisTier {
 }
 
 struct Inner {
-    client: redis::Client,
-    manager_config: ConnectionManagerConfig,
+    /// One server or a Cluster, and how to connect to it.
+    backend: Backend,
     deadline: Duration,
     /// How long a background replacement may take to connect and answer PING.
     replace_budget: Duration,
     time_source: TimeSource,
     /// Checks, the heartbeat and PING.
-    conn: ArcSwapOption<ConnectionManager>,
+    conn: ArcSwapOption<Conn>,
     /// Reconcile batches, on a socket of their own: a pipelined batch on the
     /// checks' socket would make every check sent meanwhile wait for the whole
     /// batch's replies before its own (redis-rs answers in order).
-    bulk: ArcSwapOption<ConnectionManager>,
+    bulk: ArcSwapOption<Conn>,
     replacing: AtomicBool,
     replaced: AtomicU64,
     /// The reconcile script was loaded on the server since the connections
@@ -88,6 +89,7 @@ struct Inner {
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
 /// item of a batch.
+#[derive(Clone)]
 enum Failure {
     Timeout,
     Redis(RedisError),
@@ -113,7 +115,7 @@ impl fmt::Debug for RedisTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The address only: the connection info may hold a password.
         f.debug_struct("RedisTier")
-            .field("addr", &self.inner.client.get_connection_info().addr())
+            .field("addr", &self.inner.backend.addr())
             .field("deadline", &self.inner.deadline)
             .field("time_source", &self.inner.time_source)
             .field("connected", &self.inner.conn.load().is_some())
@@ -128,19 +130,10 @@ impl RedisTier {
     /// runtime.
     pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
         config.validate()?;
-        let client = client_for(&config)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // Our deadline is the real bound; this only stops redis-rs from
-            // waiting on its own default (500 ms) for abandoned requests.
-            .set_response_timeout(Some(config.deadline))
-            .set_number_of_retries(config.reconnect_retries)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(config.reconnect_max_delay);
+        let backend = backend_for(&config)?;
         Ok(RedisTier {
             inner: Arc::new(Inner {
-                client,
-                manager_config,
+                backend,
                 deadline: config.deadline,
                 replace_budget: config.connect_timeout + config.deadline,
                 time_source: config.time_source,
@@ -255,8 +248,9 @@ impl RedisTier {
         nonce: u64,
     ) -> Result<Verdict> {
         let cmd = &command::check(set, escaped, now, cost, nonce);
+        let slot = self.slot_of_check(escaped);
         let reply = self
-            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd)))
+            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot)))
             .await
             .map_err(Failure::into_error)?;
         parse_verdict(reply, set)
@@ -278,10 +272,43 @@ impl RedisTier {
     }
 
     /// One call for the checks of `batch` whose callers still wait, under the
-    /// earliest of their deadlines; every one gets its answer.
+    /// earliest of their deadlines; every one gets its answer. On a Cluster,
+    /// one call per hash slot of the batch, all sent at once, each with its
+    /// own [`Checked::counts_call`] vote (each is a call of its own node).
     async fn send_batch(&self, mut batch: Vec<Queued>) {
         let now = tokio::time::Instant::now();
         batch.retain(|q| !q.tx.is_closed() && q.deadline > now);
+        if !self.inner.backend.is_cluster() {
+            return self.send_group(batch, 0, now).await;
+        }
+        let groups = group_by_slot(&batch, |q| check_slot(&q.escaped));
+        if let [(slot, _)] = groups.as_slice() {
+            return self.send_group(batch, *slot, now).await;
+        }
+        let mut group_of = vec![0; batch.len()];
+        for (g, (_, members)) in groups.iter().enumerate() {
+            for &i in members {
+                group_of[i] = g;
+            }
+        }
+        let mut parts: Vec<Vec<Queued>> = groups
+            .iter()
+            .map(|(_, members)| Vec::with_capacity(members.len()))
+            .collect();
+        for (q, g) in batch.into_iter().zip(group_of) {
+            parts[g].push(q);
+        }
+        let calls = parts
+            .into_iter()
+            .zip(&groups)
+            .map(|(part, (slot, _))| self.send_group(part, *slot, now))
+            .collect();
+        join_all(calls).await;
+    }
+
+    /// One script call for `batch`, whose checks' keys are all in `slot` on a
+    /// Cluster (any slot on one server); see [`send_batch`](Self::send_batch).
+    async fn send_group(&self, batch: Vec<Queued>, slot: u16, now: tokio::time::Instant) {
         let Some(deadline) = batch.iter().map(|q| q.deadline).min() else {
             return;
         };
@@ -290,7 +317,7 @@ impl RedisTier {
             let cmd = &command::check(&q.set, &q.escaped, q.now, q.cost, q.nonce);
             let reply = self
                 .call_on(&self.inner.conn, budget, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd))
+                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
                 })
                 .await;
             vec![
@@ -302,7 +329,7 @@ impl RedisTier {
             let cmd = &command::check_batch(&batch);
             let reply = self
                 .call_on(&self.inner.conn, budget, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd))
+                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd, slot))
                 })
                 .await;
             match reply {
@@ -356,36 +383,36 @@ impl RedisTier {
     pub async fn check_many(&self, checks: &[CheckRequest<'_>]) -> Result<Vec<Result<Verdict>>> {
         let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
         let mut sent = Vec::new();
-        let mut pipe = Pipeline::with_capacity(checks.len());
+        let mut cmds = Vec::with_capacity(checks.len());
+        let cluster = self.inner.backend.is_cluster();
         for (i, check) in checks.iter().enumerate() {
             match self.check_cmd(check.key, check.set, check.cost) {
                 Ok(cmd) => {
-                    pipe.add_command(cmd);
+                    let slot = if cluster {
+                        check_slot(&escape_key(check.key))
+                    } else {
+                        0
+                    };
+                    cmds.push((cmd, slot));
                     sent.push(i);
                     results.push(None);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        if !pipe.is_empty() {
-            let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+        if !cmds.is_empty() {
             let scripts: [&Script; 1] = [&CHECK];
-            let outcome = self
-                .call(|conn| pipeline_scripts(conn, &scripts, &pipe, &mut replies))
-                .await;
-            if let Err(failure) = &outcome
-                && replies.iter().all(Option::is_none)
+            let (replies, failures) = self.pipelined(&self.inner.conn, &scripts, cmds).await;
+            if replies.iter().all(Option::is_none)
+                && let Some(Some(failure)) = failures.first()
             {
                 return Err(failure.to_error());
             }
-            for (i, reply) in sent.iter().zip(replies) {
+            for ((i, reply), failure) in sent.iter().zip(replies).zip(failures) {
                 results[*i] = Some(match reply {
                     Some(Value::ServerError(e)) => Err(classify_server(e)),
                     Some(value) => parse_verdict(value, checks[*i].set),
-                    None => Err(match &outcome {
-                        Err(failure) => failure.to_error(),
-                        Ok(()) => timeout(),
-                    }),
+                    None => Err(failure.map_or_else(timeout, Failure::into_error)),
                 });
             }
         }
@@ -432,20 +459,29 @@ impl RedisTier {
                     "heartbeat ttl must be 1 ms to 2^53 µs (got {ttl:?})"
                 ))
             })?;
-        let mut invocation = HEARTBEAT.prepare_invoke();
-        invocation
-            .key(zset_key)
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(HEARTBEAT.get_hash())
+            .arg(1)
+            .arg(zset_key)
             .arg(self.now_arg())
             .arg(instance_id)
             .arg(ttl_us);
-        let invocation = &invocation;
-        self.call(|conn| {
-            send_refused_once(conn, |mut c| async move {
-                invocation.invoke_async(&mut c).await
-            })
+        let cmd = &cmd;
+        let slot = if self.inner.backend.is_cluster() {
+            key_slot(zset_key.as_bytes())
+        } else {
+            0
+        };
+        let reply = self
+            .call(|conn| send_refused_once(conn, |c| evalsha(c, &HEARTBEAT, cmd, slot)))
+            .await
+            .map_err(Failure::into_error)?;
+        redis::from_redis_value(reply).map_err(|e| {
+            Error::redis(
+                tierlimit_core::RedisFailure::MalformedReply,
+                Some(format!("heartbeat script reply: {e}").into()),
+            )
         })
-        .await
-        .map_err(Failure::into_error)
     }
 
     /// Writes outage-ledger entries back to Redis through
@@ -461,22 +497,105 @@ impl RedisTier {
     /// them may have run, and all may be re-sent under their ids. Otherwise
     /// each write-back has its own outcome, in order: an error there is one
     /// that may pass (`-OOM`, say); one that cannot is [`Written::Refused`].
+    ///
+    /// On a Cluster the write-backs go in one pipeline per hash slot, all at
+    /// once; `Err` then means every one of them failed as a whole, and a
+    /// write-back whose pipeline alone failed has that pipeline's error.
     pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
-        let pipe = self.writeback_pipeline(writes, 0)?;
-        if pipe.is_empty() {
+        self.write_back(&self.inner.bulk, writes).await
+    }
+
+    /// [`reconcile`](Self::reconcile) on the connection in `conn`.
+    async fn write_back(
+        &self,
+        conn: &ArcSwapOption<Conn>,
+        writes: &[WriteBack<'_>],
+    ) -> Result<Vec<Result<Written>>> {
+        let cmds = self.writeback_cmds(writes)?;
+        if cmds.is_empty() {
             return Ok(Vec::new());
         }
-        let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
         let scripts: [&Script; 1] = [&RECONCILE];
-        self.call_on(&self.inner.bulk, self.inner.deadline, |conn| {
-            pipeline_scripts(conn, &scripts, &pipe, &mut replies)
-        })
-        .await
-        .map_err(Failure::into_error)?;
+        let (replies, failures) = self.pipelined(conn, &scripts, cmds).await;
+        if failures.iter().all(Option::is_some) {
+            if let Some(Some(failure)) = failures.into_iter().next() {
+                return Err(failure.into_error());
+            }
+            return Err(timeout());
+        }
         Ok(replies
             .into_iter()
-            .map(|r| r.ok_or_else(timeout).and_then(written))
+            .zip(failures)
+            .map(|(reply, failure)| match (reply, failure) {
+                (Some(reply), _) => written(reply),
+                (None, Some(failure)) => Err(failure.into_error()),
+                (None, None) => Err(timeout()),
+            })
             .collect())
+    }
+
+    /// Sends `cmds` (`EVALSHA`s of `scripts`, each with its keys' slot)
+    /// pipelined on the connection in `conn`, under the deadline, reloading
+    /// scripts the server lost: one pipeline on one server; on a Cluster one
+    /// per slot, all sent at once. Answers each command's reply (`None` when
+    /// none came) and the failure of its pipeline, if it failed.
+    async fn pipelined(
+        &self,
+        conn: &ArcSwapOption<Conn>,
+        scripts: &[&Script],
+        cmds: Vec<(Cmd, u16)>,
+    ) -> (Vec<Option<Value>>, Vec<Option<Failure>>) {
+        let count = cmds.len();
+        if !self.inner.backend.is_cluster() {
+            let mut pipe = Pipeline::with_capacity(count);
+            for (cmd, _) in cmds {
+                pipe.add_command(cmd);
+            }
+            let mut replies: Vec<Option<Value>> = vec![None; count];
+            let outcome = self
+                .call_on(conn, self.inner.deadline, |c| {
+                    pipeline_scripts(c, scripts, &pipe, &mut replies, None)
+                })
+                .await;
+            return (replies, vec![outcome.err(); count]);
+        }
+        let groups = group_by_slot(&cmds, |(_, slot)| *slot);
+        let mut group_of = vec![0; count];
+        for (g, (_, members)) in groups.iter().enumerate() {
+            for &i in members {
+                group_of[i] = g;
+            }
+        }
+        let mut pipes: Vec<Pipeline> = groups
+            .iter()
+            .map(|(_, members)| Pipeline::with_capacity(members.len()))
+            .collect();
+        for ((cmd, _), &g) in cmds.into_iter().zip(&group_of) {
+            pipes[g].add_command(cmd);
+        }
+        let calls = groups
+            .iter()
+            .zip(&pipes)
+            .map(|((slot, _), pipe)| async move {
+                let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+                let outcome = self
+                    .call_on(conn, self.inner.deadline, |c| {
+                        pipeline_scripts(c, scripts, pipe, &mut replies, Some(*slot))
+                    })
+                    .await;
+                (replies, outcome.err())
+            })
+            .collect();
+        let mut answers = join_all(calls).await;
+        let mut replies = vec![None; count];
+        let mut failures = vec![None; count];
+        for ((_, members), (group_replies, failure)) in groups.iter().zip(&mut answers) {
+            for (&i, reply) in members.iter().zip(group_replies.iter_mut()) {
+                replies[i] = reply.take();
+                failures[i] = failure.clone();
+            }
+        }
+        (replies, failures)
     }
 
     /// [`check`](Self::check), with this key's pending write-backs sent first
@@ -508,6 +627,9 @@ impl RedisTier {
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
         set.validate_cost(cost)?;
+        if self.inner.backend.is_cluster() {
+            return self.check_after_on_cluster(key, set, cost, writes).await;
+        }
         let check = command::check(set, key.escaped(), self.now_arg(), cost, fastrand::u64(..));
         let mut pipe = self.writeback_pipeline(writes, 1)?;
         pipe.add_command(check);
@@ -527,7 +649,7 @@ impl RedisTier {
                 .await?;
                 loaded.store(true, Ordering::Release);
             }
-            pipeline_scripts(conn, &scripts, &pipe, &mut replies).await
+            pipeline_scripts(conn, &scripts, &pipe, &mut replies, None).await
         })
         .await
         .map_err(Failure::into_error)?;
@@ -541,6 +663,50 @@ impl RedisTier {
             .map(|r| r.ok_or_else(timeout).and_then(written))
             .collect();
         Ok((check, written))
+    }
+
+    /// [`check_after_key`](Self::check_after_key) on a Cluster: the write-backs
+    /// (grouped by slot, as [`reconcile`](Self::reconcile) sends them) and
+    /// then the check, one after the other, both within one deadline. Two
+    /// round trips instead of one pipeline: the write-backs reach their
+    /// nodes, scripts reloaded, before the check is sent.
+    async fn check_after_on_cluster(
+        &self,
+        key: &CheckKey<'_>,
+        set: &RuleSet,
+        cost: u64,
+        writes: &[WriteBack<'_>],
+    ) -> Result<(Verdict, Vec<Result<Written>>)> {
+        let both = async {
+            let written = self.write_back(&self.inner.conn, writes).await?;
+            let now = self.now_arg();
+            let verdict = self
+                .check_alone(key.escaped(), set, cost, now, fastrand::u64(..))
+                .await?;
+            Ok((verdict, written))
+        };
+        tokio::time::timeout(self.inner.deadline, both)
+            .await
+            .unwrap_or_else(|_| Err(timeout()))
+    }
+
+    /// The write-backs' `EVALSHA`s, each with its keys' hash slot (0 on one
+    /// server).
+    fn writeback_cmds(&self, writes: &[WriteBack<'_>]) -> Result<Vec<(Cmd, u16)>> {
+        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
+        let cluster = self.inner.backend.is_cluster();
+        writes
+            .iter()
+            .map(|w| {
+                validate_key(w.id)?;
+                let slot = if cluster {
+                    key_slot(w.entry.storage_key.as_bytes())
+                } else {
+                    0
+                };
+                Ok((reconcile_cmd(w.entry, w.id, now_arg, local_now_us), slot))
+            })
+            .collect()
     }
 
     /// A pipeline of the write-backs' `EVALSHA`s, with room for `more`
@@ -618,7 +784,7 @@ impl RedisTier {
         runtime.spawn(async move {
             let _done = ClearOnDrop(&inner.replacing);
             let connect = async {
-                let fresh = inner.new_manager()?;
+                let fresh = inner.backend.connect_lazy()?;
                 let _: String = redis::cmd("PING").query_async(&mut fresh.clone()).await?;
                 Ok::<_, RedisError>(fresh)
             };
@@ -657,6 +823,16 @@ impl RedisTier {
         ))
     }
 
+    /// The hash slot of a check of `escaped` on a Cluster; 0 on one server,
+    /// where slots mean nothing (and cost nothing).
+    fn slot_of_check(&self, escaped: &str) -> u16 {
+        if self.inner.backend.is_cluster() {
+            check_slot(escaped)
+        } else {
+            0
+        }
+    }
+
     /// This process's idea of now (µs since the epoch): the injected clock in
     /// client-time mode, else the system clock.
     fn local_now_us(&self) -> u64 {
@@ -679,7 +855,7 @@ impl RedisTier {
     /// all under the deadline.
     async fn call<T, F, Fut>(&self, op: F) -> std::result::Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         self.call_on(&self.inner.conn, self.inner.deadline, op)
@@ -690,12 +866,12 @@ impl RedisTier {
     /// all within `budget` (at most the deadline).
     async fn call_on<T, F, Fut>(
         &self,
-        slot: &ArcSwapOption<ConnectionManager>,
+        slot: &ArcSwapOption<Conn>,
         budget: Duration,
         op: F,
     ) -> std::result::Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let work = async {
@@ -713,12 +889,12 @@ impl RedisTier {
     /// its first command).
     fn connection(
         &self,
-        slot: &ArcSwapOption<ConnectionManager>,
-    ) -> RedisResult<ConnectionManager> {
+        slot: &ArcSwapOption<Conn>,
+    ) -> RedisResult<Conn> {
         if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
-        let fresh = Arc::new(self.inner.new_manager()?);
+        let fresh = Arc::new(self.inner.backend.connect_lazy()?);
         // Another call may have raced us here: keep whichever was stored first.
         let previous = slot.rcu(|current| match current {
             Some(conn) => Some(Arc::clone(conn)),
@@ -731,14 +907,16 @@ impl RedisTier {
     }
 }
 
-/// The redis-rs client for `config`'s URL and TLS settings. Every error names
-/// the URL only through [`redact_url`] and never carries its password.
-fn client_for(config: &RedisTierConfig) -> Result<redis::Client> {
+/// How to reach `config`'s server or Cluster, with its TLS settings. Every
+/// error names the URL only through [`redact_url`] and never carries its
+/// password.
+fn backend_for(config: &RedisTierConfig) -> Result<Backend> {
     let url = config.url.as_str();
     let bad_url = |why: &str| invalid(format!("url {}: {}", redact_url(url), scrub(why, url)));
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    let tls_scheme =
-        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys");
+    let tls_scheme = ["rediss", "valkeys", "rediss+cluster"]
+        .iter()
+        .any(|s| scheme.eq_ignore_ascii_case(s));
     if tls_scheme && !cfg!(feature = "tls") {
         return Err(bad_url(
             "rediss:// needs the `tls` feature of tierlimit-redis \
@@ -752,44 +930,108 @@ fn client_for(config: &RedisTierConfig) -> Result<redis::Client> {
             "a URL fragment is refused (`#insecure` would skip certificate verification)",
         ));
     }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| bad_url(&e.to_string()))?
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let seeds = seed_urls(url).map_err(|why| bad_url(&why))?;
+    let info = |node: &str| {
+        node.into_connection_info()
+            .map_err(|e| bad_url(&e.to_string()))
+            .map(|info| info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+    };
     #[cfg(feature = "tls")]
-    if config.tls.is_set() {
-        if !tls_scheme {
-            return Err(bad_url(
-                "TLS certificates are set but the URL is not rediss://",
-            ));
-        }
-        if let Some(pem) = &config.tls.root_pem
-            && !pem.windows(11).any(|w| w == b"CERTIFICATE")
+    let certificates = tls_certificates(config, tls_scheme, &bad_url)?;
+    if let Some(seeds) = seeds {
+        #[cfg(not(feature = "cluster"))]
         {
-            return Err(invalid(
-                "tls_root_certificates: the PEM holds no certificate".into(),
+            let _ = seeds;
+            return Err(bad_url(
+                "redis+cluster:// needs the `cluster` feature of tierlimit-redis \
+                 (on by default in tierlimit and tierlimit-redis)",
             ));
         }
-        install_crypto_provider();
-        let certificates = redis::TlsCertificates {
-            client_tls: config
-                .tls
-                .client
-                .as_ref()
-                .map(|(chain, key)| redis::ClientTlsConfig {
-                    client_cert: chain.clone(),
-                    client_key: key.clone(),
-                }),
-            root_cert: config.tls.root_pem.clone(),
-        };
-        return redis::Client::build_with_tls(info, certificates)
-            .map_err(|e| invalid(format!("tls certificates: {}", scrub(&e.to_string(), url))));
+        #[cfg(feature = "cluster")]
+        {
+            let nodes = seeds
+                .iter()
+                .map(|node| info(node))
+                .collect::<Result<Vec<_>>>()?;
+            let shown = nodes.iter().map(|n| n.addr().to_string()).collect();
+            let (client, cluster_config) = crate::cluster::cluster_client(
+                nodes,
+                config.connect_timeout,
+                config.deadline,
+                #[cfg(feature = "tls")]
+                certificates,
+            )
+            .map_err(|e| bad_url(&e.to_string()))?;
+            return Ok(Backend::Cluster {
+                client,
+                config: cluster_config,
+                seeds: shown,
+            });
+        }
     }
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // Our deadline is the real bound; this only stops redis-rs from
+        // waiting on its own default (500 ms) for abandoned requests.
+        .set_response_timeout(Some(config.deadline))
+        .set_number_of_retries(config.reconnect_retries)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(config.reconnect_max_delay);
+    let info = info(url)?;
     #[cfg(feature = "tls")]
+    if let Some(certificates) = certificates {
+        let client = redis::Client::build_with_tls(info, certificates)
+            .map_err(|e| invalid(format!("tls certificates: {}", scrub(&e.to_string(), url))))?;
+        return Ok(Backend::Single {
+            client,
+            config: manager_config,
+        });
+    }
+    let client = redis::Client::open(info).map_err(|e| bad_url(&e.to_string()))?;
+    Ok(Backend::Single {
+        client,
+        config: manager_config,
+    })
+}
+
+/// The certificates set for `config` (`None` when none is, so the system's
+/// trust store serves), after checking they fit the URL; installs the `ring`
+/// provider for any TLS URL.
+#[cfg(feature = "tls")]
+fn tls_certificates(
+    config: &RedisTierConfig,
+    tls_scheme: bool,
+    bad_url: &dyn Fn(&str) -> Error,
+) -> Result<Option<redis::TlsCertificates>> {
     if tls_scheme {
         install_crypto_provider();
     }
-    redis::Client::open(info).map_err(|e| bad_url(&e.to_string()))
+    if !config.tls.is_set() {
+        return Ok(None);
+    }
+    if !tls_scheme {
+        return Err(bad_url(
+            "TLS certificates are set but the URL is not rediss://",
+        ));
+    }
+    if let Some(pem) = &config.tls.root_pem
+        && !pem.windows(11).any(|w| w == b"CERTIFICATE")
+    {
+        return Err(invalid(
+            "tls_root_certificates: the PEM holds no certificate".into(),
+        ));
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls: config
+            .tls
+            .client
+            .as_ref()
+            .map(|(chain, key)| redis::ClientTlsConfig {
+                client_cert: chain.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: config.tls.root_pem.clone(),
+    }))
 }
 
 /// Makes `ring` rustls's process-wide provider unless one is installed already.
@@ -801,12 +1043,6 @@ fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err only when another thread installed one first: that one serves.
         let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-impl Inner {
-    fn new_manager(&self) -> RedisResult<ConnectionManager> {
-        ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
     }
 }
 
@@ -835,9 +1071,9 @@ impl Drop for ClearOnDrop<'_> {
 /// `connect`, so nothing was sent; and redis-rs hands out a failed connection
 /// attempt once more before it reconnects, so without this the first call after
 /// Redis comes back would fail although Redis is up.
-async fn send_refused_once<T, F, Fut>(conn: ConnectionManager, mut send: F) -> RedisResult<T>
+async fn send_refused_once<T, F, Fut>(conn: Conn, mut send: F) -> RedisResult<T>
 where
-    F: FnMut(ConnectionManager) -> Fut,
+    F: FnMut(Conn) -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
     match send(conn.clone()).await {
@@ -850,12 +1086,13 @@ where
 /// reply as an error. When the server lost the script (`SCRIPT FLUSH`, a
 /// restart), loads it and sends `cmd` once more, as redis-rs's
 /// `ScriptInvocation` does; called directly rather than through it, so a check
-/// builds one command and no boxed future.
-async fn evalsha(mut conn: ConnectionManager, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
-    let mut reply = conn.send_packed_command(cmd).await?;
+/// builds one command and no boxed future. On a Cluster the script is
+/// loaded on the master of `slot` (`cmd`'s keys' slot), the node that answered.
+async fn evalsha(mut conn: Conn, script: &Script, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
+    let mut reply = conn.req_packed_command(cmd).await?;
     if is_noscript(&reply) {
-        script.load_async(&mut conn).await?;
-        reply = conn.send_packed_command(cmd).await?;
+        conn.load_script(script, Some(slot)).await?;
+        reply = conn.req_packed_command(cmd).await?;
     }
     match reply {
         Value::ServerError(e) => Err(e.into()),
@@ -866,11 +1103,13 @@ async fn evalsha(mut conn: ConnectionManager, script: &Script, cmd: &Cmd) -> Red
 /// Pipelines `pipe` (EVALSHA of `scripts`), reloading the scripts and
 /// re-sending only the commands that failed with NOSCRIPT. Replies land in
 /// `replies` as they arrive, so what came back survives a later failure.
+/// On a Cluster every command of `pipe` has its keys in `slot`.
 async fn pipeline_scripts(
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: &[&Script],
     pipe: &Pipeline,
     replies: &mut [Option<Value>],
+    slot: Option<u16>,
 ) -> RedisResult<()> {
     let first = send_pipeline(&conn, pipe).await?;
     let mut missing = Vec::new();
@@ -890,7 +1129,7 @@ async fn pipeline_scripts(
     );
     for script in scripts {
         send_refused_once(conn.clone(), |mut c| async move {
-            script.load_async(&mut c).await
+            c.load_script(script, slot).await
         })
         .await?;
     }
@@ -907,9 +1146,9 @@ async fn pipeline_scripts(
 }
 
 /// Sends `pipe`; one reply per command, error replies included as values.
-async fn send_pipeline(conn: &ConnectionManager, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+async fn send_pipeline(conn: &Conn, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
     let replies = send_refused_once(conn.clone(), |mut c| async move {
-        c.send_packed_commands(pipe, 0, pipe.len()).await
+        c.req_packed_commands(pipe, 0, pipe.len()).await
     })
     .await?;
     if replies.len() != pipe.len() {
@@ -977,7 +1216,7 @@ mod tests {
         let before = server.command_calls("evalsha").await;
         let conn = tier.connection(&tier.inner.conn).expect("connection");
         let scripts: [&Script; 1] = [&CHECK];
-        pipeline_scripts(conn, &scripts, &pipe, &mut replies)
+        pipeline_scripts(conn, &scripts, &pipe, &mut replies, None)
             .await
             .expect("pipeline");
 

@@ -54,7 +54,7 @@ pub(crate) fn storage_key(set: &RuleSet, key: &str, index: usize) -> String {
 
 /// A key's serialized value (`DUMP`), `None` when it does not exist.
 pub(crate) async fn dump(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
 ) -> Option<Vec<u8>> {
     redis::cmd("DUMP")
