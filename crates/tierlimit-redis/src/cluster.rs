@@ -80,6 +80,26 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
+    /// Sends one command and answers its reply, an error reply as a value.
+    /// On one server through the manager's own method: the trait's would box
+    /// its future, one allocation more per check.
+    pub(crate) async fn send_packed_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Single(conn) => conn.send_packed_command(cmd).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => conn.req_packed_command(cmd).await,
+        }
+    }
+
+    /// Sends the commands of `pipe` and answers one reply per command.
+    pub(crate) async fn send_packed_commands(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.send_packed_commands(pipe, 0, pipe.len()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => conn.req_packed_commands(pipe, 0, pipe.len()).await,
+        }
+    }
+
     /// Loads `script` where the command that met `NOSCRIPT` ran: on one
     /// server, there; on a Cluster, on the master of `slot` (the node that
     /// answered, unless the slot moved meanwhile; then the retried command

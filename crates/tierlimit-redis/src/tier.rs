@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionLike, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::io::tcp::TcpSettings;
 use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
@@ -1089,10 +1089,10 @@ where
 /// builds one command and no boxed future. On a Cluster the script is
 /// loaded on the master of `slot` (`cmd`'s keys' slot), the node that answered.
 async fn evalsha(mut conn: Conn, script: &Script, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
-    let mut reply = conn.req_packed_command(cmd).await?;
+    let mut reply = conn.send_packed_command(cmd).await?;
     if is_noscript(&reply) {
         conn.load_script(script, Some(slot)).await?;
-        reply = conn.req_packed_command(cmd).await?;
+        reply = conn.send_packed_command(cmd).await?;
     }
     match reply {
         Value::ServerError(e) => Err(e.into()),
@@ -1148,7 +1148,7 @@ async fn pipeline_scripts(
 /// Sends `pipe`; one reply per command, error replies included as values.
 async fn send_pipeline(conn: &Conn, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
     let replies = send_refused_once(conn.clone(), |mut c| async move {
-        c.req_packed_commands(pipe, 0, pipe.len()).await
+        c.send_packed_commands(pipe).await
     })
     .await?;
     if replies.len() != pipe.len() {
