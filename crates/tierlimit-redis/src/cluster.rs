@@ -92,7 +92,10 @@ impl Conn {
     }
 
     /// Sends the commands of `pipe` and answers one reply per command.
-    pub(crate) async fn send_packed_commands(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    pub(crate) async fn send_packed_commands(
+        &mut self,
+        pipe: &Pipeline,
+    ) -> RedisResult<Vec<Value>> {
         match self {
             Conn::Single(conn) => conn.send_packed_commands(pipe, 0, pipe.len()).await,
             #[cfg(feature = "cluster")]
@@ -106,7 +109,11 @@ impl Conn {
     /// meets `NOSCRIPT` again and fails as a Redis fault, and the next call
     /// loads it on the new master). Without a slot, on every node.
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    pub(crate) async fn load_script(&mut self, script: &Script, slot: Option<u16>) -> RedisResult<()> {
+    pub(crate) async fn load_script(
+        &mut self,
+        script: &Script,
+        slot: Option<u16>,
+    ) -> RedisResult<()> {
         match self {
             Conn::Single(conn) => script.load_async(conn).await.map(drop),
             #[cfg(feature = "cluster")]
@@ -120,7 +127,10 @@ impl Conn {
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot, SlotAddr::Master),
                 ));
-                conn.route_command(load, route).await?.extract_error().map(drop)
+                conn.route_command(load, route)
+                    .await?
+                    .extract_error()
+                    .map(drop)
             }
         }
     }
@@ -237,7 +247,10 @@ pub(crate) fn seed_urls(url: &str) -> Result<Option<Vec<String>>, String> {
             if host.trim().is_empty() {
                 Err(format!("seed node {} of the cluster URL is empty", i + 1))
             } else if host.contains(char::is_whitespace) {
-                Err(format!("seed node {} of the cluster URL holds a space", i + 1))
+                Err(format!(
+                    "seed node {} of the cluster URL holds a space",
+                    i + 1
+                ))
             } else {
                 Ok(format!("{node_scheme}://{userinfo}{host}{tail}"))
             }
@@ -296,7 +309,11 @@ pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if pending { Poll::Pending } else { Poll::Ready(()) }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     })
     .await;
     outputs.into_iter().flatten().collect()
@@ -400,10 +417,7 @@ mod tests {
     #[test]
     fn groups_keep_order() {
         let groups = group_by_slot(&[5u16, 7, 5, 9, 7], |s| *s);
-        assert_eq!(
-            groups,
-            vec![(5, vec![0, 2]), (7, vec![1, 4]), (9, vec![3])]
-        );
+        assert_eq!(groups, vec![(5, vec![0, 2]), (7, vec![1, 4]), (9, vec![3])]);
     }
 
     #[tokio::test]

@@ -115,7 +115,10 @@ mod tests {
     #[test]
     fn cluster_replies_are_transient_and_did_not_run() {
         let cases = [
-            ("-CLUSTERDOWN The cluster is down", RedisFailure::ClusterUnavailable),
+            (
+                "-CLUSTERDOWN The cluster is down",
+                RedisFailure::ClusterUnavailable,
+            ),
             (
                 "-CLUSTERDOWN Hash slot not served",
                 RedisFailure::ClusterUnavailable,
@@ -128,7 +131,10 @@ mod tests {
                 "-MASTERDOWN Link with MASTER is down",
                 RedisFailure::ClusterUnavailable,
             ),
-            ("-MOVED 3999 127.0.0.1:6381", RedisFailure::ClusterUnavailable),
+            (
+                "-MOVED 3999 127.0.0.1:6381",
+                RedisFailure::ClusterUnavailable,
+            ),
             ("-ASK 3999 127.0.0.1:6381", RedisFailure::ClusterUnavailable),
             (
                 "-READONLY You can't write against a read only replica.",

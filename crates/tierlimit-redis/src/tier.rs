@@ -887,10 +887,7 @@ impl RedisTier {
 
     /// The connection in `slot`, created lazily (no I/O here: it connects on
     /// its first command).
-    fn connection(
-        &self,
-        slot: &ArcSwapOption<Conn>,
-    ) -> RedisResult<Conn> {
+    fn connection(&self, slot: &ArcSwapOption<Conn>) -> RedisResult<Conn> {
         if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
@@ -1180,6 +1177,34 @@ mod tests {
         let shown = err.to_string();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
         assert!(shown.contains("`tls` feature"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    /// A bad cluster URL is a configuration error at construction naming the
+    /// problem, never showing the password; a good one does no I/O.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn cluster_urls_are_checked_at_construction() {
+        for (url, says) in [
+            ("redis+cluster://u:secret@/", "at least one seed node"),
+            ("redis+cluster://u:secret@a:1,,b:2/", "seed node 2"),
+            ("redis+cluster://u:secret@127.0.0.1:notaport/", "url "),
+        ] {
+            let err = RedisTier::new(RedisTierConfig::new(url)).expect_err(url);
+            let shown = err.to_string();
+            assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+            assert!(shown.contains(says), "{shown}");
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        let tier = RedisTier::new(RedisTierConfig::new(
+            "redis+cluster://u:secret@127.0.0.1:1,127.0.0.1:2/",
+        ))
+        .expect("a valid cluster URL, nothing listening");
+        let shown = format!("{tier:?}");
+        assert!(
+            shown.contains("cluster of 127.0.0.1:1,127.0.0.1:2"),
+            "{shown}"
+        );
         assert!(!shown.contains("secret"), "{shown}");
     }
 

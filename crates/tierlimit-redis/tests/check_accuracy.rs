@@ -2,9 +2,9 @@
 //! hammer one key for about 2 s per algorithm; see `support/accuracy.rs` for
 //! what each test asserts (the Cluster tests run the same bodies).
 
-mod support;
 #[path = "support/accuracy.rs"]
 mod accuracy;
+mod support;
 
 use tierlimit_test::RedisServer;
 

@@ -3,9 +3,9 @@
 //! changes no rule's stored state (read back with DUMP before and after), and
 //! the decision names the rule that denied.
 
-mod support;
 #[path = "support/atomicity.rs"]
 mod atomicity;
+mod support;
 
 use tierlimit_test::RedisServer;
 

@@ -17,13 +17,13 @@
 //! serial lock: six servers per test, and the accuracy and latency bounds
 //! hold only without other clusters starting beside them on 2 cores.
 
-mod support;
 #[path = "support/accuracy.rs"]
 mod accuracy;
 #[path = "support/atomicity.rs"]
 mod atomicity;
 #[path = "support/bounds.rs"]
 mod bounds;
+mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -271,9 +271,7 @@ async fn nothing_crosses_slots() {
         .expect("check_after");
     assert_eq!(v.decision.remaining, limit - 8, "3 more written back + 1");
     assert!(
-        written
-            .iter()
-            .all(|w| matches!(w, Ok(Written::Applied(3)))),
+        written.iter().all(|w| matches!(w, Ok(Written::Applied(3)))),
         "{written:?}"
     );
 
@@ -281,7 +279,10 @@ async fn nothing_crosses_slots() {
     for zset in ["tl:{instances}:default", "hb{a}{b}", "plain"] {
         let ttl = Duration::from_secs(5);
         assert_eq!(tier.heartbeat(zset, "me", ttl).await.expect("heartbeat"), 1);
-        assert_eq!(tier.heartbeat(zset, "you", ttl).await.expect("heartbeat"), 2);
+        assert_eq!(
+            tier.heartbeat(zset, "you", ttl).await.expect("heartbeat"),
+            2
+        );
         tier.leave(zset, "you").await.expect("leave");
         assert_eq!(tier.heartbeat(zset, "me", ttl).await.expect("heartbeat"), 1);
     }
@@ -331,7 +332,13 @@ async fn noscript_on_one_master_is_recovered() {
         r.expect("every check recovered");
     }
     let at = clock.unix_micros();
-    let entry = LedgerEntry::new(storage_key(&s, &keys[1], 0), s.rules()[0].clone(), 2, at, at);
+    let entry = LedgerEntry::new(
+        storage_key(&s, &keys[1], 0),
+        s.rules()[0].clone(),
+        2,
+        at,
+        at,
+    );
     let written = tier
         .reconcile(&[WriteBack::new("ns-1", &entry)])
         .await
@@ -372,7 +379,9 @@ async fn a_killed_master_fails_over_under_load() {
     let by_master = keys_on_every_master(&cluster, &s, "fo", 1);
     let (&victim, victim_keys) = by_master.iter().next().expect("a master");
     let victim_key = victim_keys[0].clone();
-    let replica = cluster.replica_of(victim).expect("the victim has a replica");
+    let replica = cluster
+        .replica_of(victim)
+        .expect("the victim has a replica");
     let healthy: Vec<String> = by_master
         .iter()
         .filter(|(m, _)| **m != victim)
@@ -445,14 +454,22 @@ async fn a_killed_master_fails_over_under_load() {
     }
     // Served again, and stays so.
     for _ in 0..20 {
-        tier.check(&victim_key, &s, 1).await.expect("served by the promoted replica");
+        tier.check(&victim_key, &s, 1)
+            .await
+            .expect("served by the promoted replica");
     }
 
     stop.store(true, Ordering::Relaxed);
     while let Some(done) = load.join_next().await {
         let (key, ok, slowest, errors) = done.expect("task");
-        eprintln!("{key}: {ok} ok, {} errors, slowest {slowest:?}", errors.len());
-        assert!(errors.is_empty(), "{key} on a healthy master failed: {errors:?}");
+        eprintln!(
+            "{key}: {ok} ok, {} errors, slowest {slowest:?}",
+            errors.len()
+        );
+        assert!(
+            errors.is_empty(),
+            "{key} on a healthy master failed: {errors:?}"
+        );
         assert!(ok > 0, "{key}");
         assert!(slowest <= bound, "{key}: a check took {slowest:?}");
     }

@@ -5,9 +5,9 @@
 //! (2^51) and `MAX_REFILL_US` (2^52; `bad_input.rs` shows one more refused);
 //! here the largest accepted values count exactly on Redis, to the last unit.
 
-mod support;
 #[path = "support/bounds.rs"]
 mod bounds;
+mod support;
 
 use tierlimit_test::RedisServer;
 

@@ -150,19 +150,19 @@ pub(crate) async fn gcra_admits_exactly_its_rate(url: &str, keys: &[String]) {
         .expect("valid");
     for run in hammer(url, keys, &set("gcra", [r])).await {
         let run = &run;
-    check_rate_count(&run, "gcra", limit, period, burst);
-    // Exact model, in units of 1/limit µs so the emission interval is `period`.
-    let mut tat: u128 = 0;
-    let (t, tau) = (u128::from(period), u128::from(burst * period));
-    run.replay("gcra", |now| {
-        let now = u128::from(now) * u128::from(limit);
-        let next = tat.max(now) + t;
-        let ok = next - now <= tau;
-        if ok {
-            tat = next;
-        }
-        ok
-    });
+        check_rate_count(&run, "gcra", limit, period, burst);
+        // Exact model, in units of 1/limit µs so the emission interval is `period`.
+        let mut tat: u128 = 0;
+        let (t, tau) = (u128::from(period), u128::from(burst * period));
+        run.replay("gcra", |now| {
+            let now = u128::from(now) * u128::from(limit);
+            let next = tat.max(now) + t;
+            let ok = next - now <= tau;
+            if ok {
+                tat = next;
+            }
+            ok
+        });
     }
 }
 
@@ -174,21 +174,21 @@ pub(crate) async fn token_bucket_admits_exactly_its_rate(url: &str, keys: &[Stri
         .expect("valid");
     for run in hammer(url, keys, &set("tb", [r])).await {
         let run = &run;
-    check_rate_count(&run, "token bucket", limit, period, capacity);
-    // Exact model, tokens in units of 1/period: refill `limit` per µs, cost `period`.
-    let full = u128::from(capacity * period);
-    let (mut tokens, mut ts) = (full, None::<u64>);
-    run.replay("token bucket", |now| {
-        if let Some(at) = ts {
-            tokens = full.min(tokens + u128::from(now - at) * u128::from(limit));
-        }
-        ts = Some(now);
-        let ok = tokens >= u128::from(period);
-        if ok {
-            tokens -= u128::from(period);
-        }
-        ok
-    });
+        check_rate_count(&run, "token bucket", limit, period, capacity);
+        // Exact model, tokens in units of 1/period: refill `limit` per µs, cost `period`.
+        let full = u128::from(capacity * period);
+        let (mut tokens, mut ts) = (full, None::<u64>);
+        run.replay("token bucket", |now| {
+            if let Some(at) = ts {
+                tokens = full.min(tokens + u128::from(now - at) * u128::from(limit));
+            }
+            ts = Some(now);
+            let ok = tokens >= u128::from(period);
+            if ok {
+                tokens -= u128::from(period);
+            }
+            ok
+        });
     }
 }
 
@@ -198,26 +198,26 @@ pub(crate) async fn sliding_log_admits_exactly_its_window(url: &str, keys: &[Str
     let r = rule(Algorithm::SlidingLog, limit, Duration::from_micros(period));
     for run in hammer(url, keys, &set("log", [r])).await {
         let run = &run;
-    // Any half-open span of one period lies inside some trailing window.
-    let spans = run.elapsed() / period + 1;
-    run.report("sliding log", &format!("at most {}", limit * spans));
-    assert!(run.admitted <= limit * spans);
-    assert!(
-        run.admitted >= limit * (spans - 1),
-        "sliding log under-admitted: {}",
-        run.admitted
-    );
-    let mut log = VecDeque::new();
-    run.replay("sliding log", |now| {
-        while log.front().is_some_and(|t| t + period <= now) {
-            log.pop_front();
-        }
-        let ok = (log.len() as u64) < limit;
-        if ok {
-            log.push_back(now);
-        }
-        ok
-    });
+        // Any half-open span of one period lies inside some trailing window.
+        let spans = run.elapsed() / period + 1;
+        run.report("sliding log", &format!("at most {}", limit * spans));
+        assert!(run.admitted <= limit * spans);
+        assert!(
+            run.admitted >= limit * (spans - 1),
+            "sliding log under-admitted: {}",
+            run.admitted
+        );
+        let mut log = VecDeque::new();
+        run.replay("sliding log", |now| {
+            while log.front().is_some_and(|t| t + period <= now) {
+                log.pop_front();
+            }
+            let ok = (log.len() as u64) < limit;
+            if ok {
+                log.push_back(now);
+            }
+            ok
+        });
     }
 }
 
@@ -227,31 +227,31 @@ pub(crate) async fn fixed_window_admits_exactly_its_limit_per_window(url: &str, 
     let r = rule(Algorithm::FixedWindow, limit, Duration::from_micros(period));
     for run in hammer(url, keys, &set("fixed", [r])).await {
         let run = &run;
-    let windows = run.last / period - run.first / period + 1;
-    run.report(
-        "fixed window",
-        &format!("{} windows, at most {}", windows, limit * windows),
-    );
-    // Each window admits exactly min(limit, calls in it).
-    let mut per_window: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    for c in &run.calls {
-        let entry = per_window.entry(c.now / period).or_default();
-        entry.0 += 1;
-        entry.1 += u64::from(c.allowed);
-    }
-    for (w, (calls, admitted)) in &per_window {
-        assert_eq!(*admitted, limit.min(*calls), "window {w}");
-    }
-    assert!(run.admitted <= limit * windows);
-    let mut window = (u64::MAX, 0u64);
-    run.replay("fixed window", |now| {
-        if window.0 != now / period {
-            window = (now / period, 0);
+        let windows = run.last / period - run.first / period + 1;
+        run.report(
+            "fixed window",
+            &format!("{} windows, at most {}", windows, limit * windows),
+        );
+        // Each window admits exactly min(limit, calls in it).
+        let mut per_window: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for c in &run.calls {
+            let entry = per_window.entry(c.now / period).or_default();
+            entry.0 += 1;
+            entry.1 += u64::from(c.allowed);
         }
-        let ok = window.1 < limit;
-        window.1 += u64::from(ok);
-        ok
-    });
+        for (w, (calls, admitted)) in &per_window {
+            assert_eq!(*admitted, limit.min(*calls), "window {w}");
+        }
+        assert!(run.admitted <= limit * windows);
+        let mut window = (u64::MAX, 0u64);
+        run.replay("fixed window", |now| {
+            if window.0 != now / period {
+                window = (now / period, 0);
+            }
+            let ok = window.1 < limit;
+            window.1 += u64::from(ok);
+            ok
+        });
     }
 }
 
@@ -265,65 +265,65 @@ pub(crate) async fn sliding_window_stays_within_its_error_bound(url: &str, keys:
     );
     for run in hammer(url, keys, &set("sliding", [r])).await {
         let run = &run;
-    let windows = run.last / period - run.first / period + 1;
-    let ideal = limit + run.elapsed() * limit / period;
-    run.report(
-        "sliding window",
-        &format!(
-            "{windows} windows, at most {}; the exact rate gives {ideal}",
-            limit * windows
-        ),
-    );
-
-    // The documented bounds (lua/sliding_window.lua): no fixed window admits
-    // more than the limit, and a trailing period ending `elapsed` into window
-    // k holds at most limit + c(k-1) * elapsed / period.
-    let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
-    for c in run.calls.iter().filter(|c| c.allowed) {
-        *per_window.entry(c.now / period).or_default() += 1;
-    }
-    assert!(per_window.values().all(|&c| c <= limit), "{per_window:?}");
-    let admitted: Vec<u64> = run
-        .calls
-        .iter()
-        .filter(|c| c.allowed)
-        .map(|c| c.now)
-        .collect();
-    for (i, &t) in admitted.iter().enumerate() {
-        let in_trailing = admitted[..=i].iter().filter(|&&s| s + period > t).count() as u64;
-        let previous = per_window.get(&(t / period - 1)).copied().unwrap_or(0);
-        let bound = limit as f64 + previous as f64 * (t % period) as f64 / period as f64;
-        assert!(
-            in_trailing as f64 <= bound,
-            "{in_trailing} units in the period ending at +{} µs (bound {bound})",
-            t - run.first
+        let windows = run.last / period - run.first / period + 1;
+        let ideal = limit + run.elapsed() * limit / period;
+        run.report(
+            "sliding window",
+            &format!(
+                "{windows} windows, at most {}; the exact rate gives {ideal}",
+                limit * windows
+            ),
         );
-    }
-    // Under steady load each window after the first admits limit - 1 (the
-    // previous window's weight never quite reaches 0); pauses of the test
-    // process can cost a few more.
-    assert!(run.admitted <= limit * windows);
-    assert!(
-        run.admitted + windows + limit >= ideal,
-        "sliding window under-admitted: {} vs {ideal}",
-        run.admitted
-    );
 
-    // The script's own formula, replayed with the same floating-point operations.
-    let (mut w, mut c, mut p) = (None::<u64>, 0u64, 0u64);
-    run.replay("sliding window", |now| {
-        let cur = (now as f64 / period as f64).floor() as u64;
-        match w {
-            Some(x) if x == cur => {}
-            Some(x) if x + 1 == cur => (p, c) = (c, 0),
-            _ => (p, c) = (0, 0),
+        // The documented bounds (lua/sliding_window.lua): no fixed window admits
+        // more than the limit, and a trailing period ending `elapsed` into window
+        // k holds at most limit + c(k-1) * elapsed / period.
+        let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
+        for c in run.calls.iter().filter(|c| c.allowed) {
+            *per_window.entry(c.now / period).or_default() += 1;
         }
-        w = Some(cur);
-        let left = (period - (now - cur * period)) as f64;
-        let estimate = p as f64 * left / period as f64 + c as f64;
-        let ok = estimate + 1.0 <= limit as f64 + 1e-9;
-        c += u64::from(ok);
-        ok
-    });
+        assert!(per_window.values().all(|&c| c <= limit), "{per_window:?}");
+        let admitted: Vec<u64> = run
+            .calls
+            .iter()
+            .filter(|c| c.allowed)
+            .map(|c| c.now)
+            .collect();
+        for (i, &t) in admitted.iter().enumerate() {
+            let in_trailing = admitted[..=i].iter().filter(|&&s| s + period > t).count() as u64;
+            let previous = per_window.get(&(t / period - 1)).copied().unwrap_or(0);
+            let bound = limit as f64 + previous as f64 * (t % period) as f64 / period as f64;
+            assert!(
+                in_trailing as f64 <= bound,
+                "{in_trailing} units in the period ending at +{} µs (bound {bound})",
+                t - run.first
+            );
+        }
+        // Under steady load each window after the first admits limit - 1 (the
+        // previous window's weight never quite reaches 0); pauses of the test
+        // process can cost a few more.
+        assert!(run.admitted <= limit * windows);
+        assert!(
+            run.admitted + windows + limit >= ideal,
+            "sliding window under-admitted: {} vs {ideal}",
+            run.admitted
+        );
+
+        // The script's own formula, replayed with the same floating-point operations.
+        let (mut w, mut c, mut p) = (None::<u64>, 0u64, 0u64);
+        run.replay("sliding window", |now| {
+            let cur = (now as f64 / period as f64).floor() as u64;
+            match w {
+                Some(x) if x == cur => {}
+                Some(x) if x + 1 == cur => (p, c) = (c, 0),
+                _ => (p, c) = (0, 0),
+            }
+            w = Some(cur);
+            let left = (period - (now - cur * period)) as f64;
+            let estimate = p as f64 * left / period as f64 + c as f64;
+            let ok = estimate + 1.0 <= limit as f64 + 1e-9;
+            c += u64::from(ok);
+            ok
+        });
     }
 }

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{FakeClock, RuleSet};
 use redis::aio::ConnectionLike;
+use tierlimit_core::{FakeClock, RuleSet};
 use tierlimit_redis::{RedisTier, Verdict};
 
 use crate::support::{ALGORITHMS, client_time_tier, dump, rule, set, storage_key};
