@@ -149,7 +149,6 @@ pub(crate) async fn gcra_admits_exactly_its_rate(url: &str, keys: &[String]) {
         .with_burst(burst)
         .expect("valid");
     for run in hammer(url, keys, &set("gcra", [r])).await {
-        let run = &run;
         check_rate_count(&run, "gcra", limit, period, burst);
         // Exact model, in units of 1/limit µs so the emission interval is `period`.
         let mut tat: u128 = 0;
@@ -173,7 +172,6 @@ pub(crate) async fn token_bucket_admits_exactly_its_rate(url: &str, keys: &[Stri
         .with_burst(capacity)
         .expect("valid");
     for run in hammer(url, keys, &set("tb", [r])).await {
-        let run = &run;
         check_rate_count(&run, "token bucket", limit, period, capacity);
         // Exact model, tokens in units of 1/period: refill `limit` per µs, cost `period`.
         let full = u128::from(capacity * period);
@@ -197,7 +195,6 @@ pub(crate) async fn sliding_log_admits_exactly_its_window(url: &str, keys: &[Str
     let (limit, period) = (50u64, 250_000u64);
     let r = rule(Algorithm::SlidingLog, limit, Duration::from_micros(period));
     for run in hammer(url, keys, &set("log", [r])).await {
-        let run = &run;
         // Any half-open span of one period lies inside some trailing window.
         let spans = run.elapsed() / period + 1;
         run.report("sliding log", &format!("at most {}", limit * spans));
@@ -226,7 +223,6 @@ pub(crate) async fn fixed_window_admits_exactly_its_limit_per_window(url: &str, 
     let (limit, period) = (50u64, 250_000u64);
     let r = rule(Algorithm::FixedWindow, limit, Duration::from_micros(period));
     for run in hammer(url, keys, &set("fixed", [r])).await {
-        let run = &run;
         let windows = run.last / period - run.first / period + 1;
         run.report(
             "fixed window",
@@ -264,7 +260,6 @@ pub(crate) async fn sliding_window_stays_within_its_error_bound(url: &str, keys:
         Duration::from_micros(period),
     );
     for run in hammer(url, keys, &set("sliding", [r])).await {
-        let run = &run;
         let windows = run.last / period - run.first / period + 1;
         let ideal = limit + run.elapsed() * limit / period;
         run.report(
