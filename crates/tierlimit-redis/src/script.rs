@@ -185,6 +185,7 @@ const RECONCILE_SOURCE: &str = with_algorithms!("../lua/reconcile.lua");
 /// The source of one of this crate's scripts, for a `SCRIPT LOAD` sent to one
 /// chosen Cluster node (redis-rs's `Script` keeps its source to itself, and
 /// its own load goes to every node at once, failing while one is down).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
     let hash = script.get_hash();
     [

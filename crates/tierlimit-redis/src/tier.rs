@@ -1180,6 +1180,21 @@ mod tests {
         assert!(!shown.contains("secret"), "{shown}");
     }
 
+    /// Without the `cluster` feature a `redis+cluster://` URL is a
+    /// configuration error at construction that names the feature.
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn a_cluster_url_without_the_cluster_feature_names_the_feature() {
+        let err = RedisTier::new(RedisTierConfig::new(
+            "redis+cluster://u:secret@127.0.0.1:1,127.0.0.1:2/",
+        ))
+        .expect_err("redis+cluster:// needs the cluster feature");
+        let shown = err.to_string();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("`cluster` feature"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
     /// A bad cluster URL is a configuration error at construction naming the
     /// problem, never showing the password; a good one does no I/O.
     #[cfg(feature = "cluster")]
