@@ -51,7 +51,10 @@
 //! the call sent again. A master failing over makes the calls for its slots
 //! fail within their deadline (`CLUSTERDOWN`, `TRYAGAIN` and leftover
 //! `MOVED`/`ASK` are [`RedisFailure::ClusterUnavailable`](tierlimit_core::RedisFailure::ClusterUnavailable)),
-//! while the other masters' keys go on.
+//! while the other masters' keys go on, provided the servers run with
+//! `cluster-require-full-coverage no`: with Redis's default (`yes`) every
+//! master refuses every key (`CLUSTERDOWN`) until the failed master's replica
+//! is promoted. [`RedisTier::ping`] asks every master (one down fails it).
 //!
 //! # TLS and ACL users
 //!
