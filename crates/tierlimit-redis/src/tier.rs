@@ -147,6 +147,19 @@ impl RedisTier {
         })
     }
 
+    /// True when this tier talks to a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.backend.is_cluster()
+    }
+
+    /// The Redis Cluster hash slot (0 to 16383) of every storage key of a
+    /// check of `key`, or `None` on one server: what a circuit breaker per
+    /// slot (or per slot range) keys on, so that a fault of one master does
+    /// not stop the checks bound for the others. Computed locally, no I/O.
+    pub fn slot_of(&self, key: &CheckKey<'_>) -> Option<u16> {
+        self.is_cluster().then(|| check_slot(key.escaped()))
+    }
+
     /// The hard bound on every call.
     pub fn deadline(&self) -> Duration {
         self.inner.deadline
@@ -1221,6 +1234,17 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("secret"), "{shown}");
+        assert!(tier.is_cluster());
+        let key = CheckKey::new("foo").expect("valid");
+        assert_eq!(tier.slot_of(&key), Some(12182), "CLUSTER KEYSLOT foo");
+        let braces = CheckKey::new("a{b}").expect("valid");
+        assert_eq!(
+            tier.slot_of(&braces),
+            Some(crate::cluster::key_slot(b"a%7Bb%7D"))
+        );
+        let single = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:1/")).expect("valid");
+        assert!(!single.is_cluster());
+        assert_eq!(single.slot_of(&key), None);
     }
 
     #[test]
