@@ -291,6 +291,11 @@ pub enum RedisFailure {
     ReadOnly,
     /// The server is still loading its dataset (`-LOADING`).
     Loading,
+    /// A Redis Cluster could not serve the key's slot: the cluster is down or
+    /// failing over (`-CLUSTERDOWN`, `-TRYAGAIN`, `-MASTERDOWN`), or a
+    /// `-MOVED`/`-ASK` redirect still stood after the client's retries. The
+    /// node refused the command before running it.
+    ClusterUnavailable,
     /// The reply did not have the shape the script promises.
     MalformedReply,
     /// Any other server or client error.
@@ -307,6 +312,7 @@ impl fmt::Display for RedisFailure {
             RedisFailure::OutOfMemory => "out of memory (OOM)",
             RedisFailure::ReadOnly => "read-only replica (READONLY)",
             RedisFailure::Loading => "loading dataset (LOADING)",
+            RedisFailure::ClusterUnavailable => "cluster slot unavailable",
             RedisFailure::MalformedReply => "malformed reply",
             RedisFailure::Other => "error",
         })
@@ -318,7 +324,8 @@ impl RedisFailure {
     /// reply came back: the deadline passed, the connection broke after the
     /// command could have been written, the reply was malformed, or the error
     /// is unclassified. False when the server refused the command before
-    /// running it (`-OOM`, `-NOSCRIPT`, `-READONLY`, `-LOADING`) or nothing
+    /// running it (`-OOM`, `-NOSCRIPT`, `-READONLY`, `-LOADING`, a Cluster's
+    /// `-CLUSTERDOWN`...) or nothing
     /// accepted the connection.
     ///
     /// A unit checked by such a call may be counted by Redis even though the
@@ -342,7 +349,8 @@ impl RedisFailure {
             | RedisFailure::NoScript
             | RedisFailure::OutOfMemory
             | RedisFailure::ReadOnly
-            | RedisFailure::Loading => false,
+            | RedisFailure::Loading
+            | RedisFailure::ClusterUnavailable => false,
         }
     }
 }
@@ -380,7 +388,8 @@ impl Error {
     }
 
     /// True for Redis faults that may go away by themselves (everything but a
-    /// malformed reply, which means the scripts and the code disagree).
+    /// malformed reply, which means the scripts and the code disagree), a
+    /// Cluster failing over ([`RedisFailure::ClusterUnavailable`]) included.
     pub fn is_transient(&self) -> bool {
         matches!(self.redis_failure(), Some(k) if k != RedisFailure::MalformedReply)
     }

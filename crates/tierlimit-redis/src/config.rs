@@ -110,6 +110,19 @@ impl RedisTierConfig {
     ///   [`tls_root_certificates`](Self::tls_root_certificates) when given, and
     ///   its name must match the URL's host. There is no way to switch
     ///   verification off: redis-rs's `#insecure` fragment is refused.
+    /// * `redis+cluster://host1:7000,host2:7001/` (needs the `cluster`
+    ///   feature, on by default): a Redis Cluster, found from these seed nodes
+    ///   (one is enough; more help while one is down). Credentials, path and
+    ///   query apply to every node (`redis+cluster://user:pass@h1:7000,h2:7001/`);
+    ///   `rediss+cluster://` is TLS to every node. Each check goes to the
+    ///   master of its key's hash slot; within the [deadline](Self::deadline)
+    ///   the client waits at most the deadline per reply, at most
+    ///   [`connect_timeout`](Self::connect_timeout) (capped at the deadline)
+    ///   per connection attempt, and retries twice, a few ms apart, to follow
+    ///   a `MOVED`/`ASK` or a failover.
+    ///   [`reconnect_retries`](Self::reconnect_retries) and
+    ///   [`reconnect_max_delay`](Self::reconnect_max_delay) apply to one
+    ///   server only.
     ///
     /// Every place that prints the URL (this config's `Debug`, the tier's, and
     /// every error) shows it through [`redact_url`].

@@ -24,6 +24,15 @@ fn failure_of(err: &RedisError) -> RedisFailure {
         ErrorKind::Server(ServerErrorKind::NoScript) => return RedisFailure::NoScript,
         ErrorKind::Server(ServerErrorKind::ReadOnly) => return RedisFailure::ReadOnly,
         ErrorKind::Server(ServerErrorKind::BusyLoading) => return RedisFailure::Loading,
+        // Cluster faults the client could not resolve within its few retries:
+        // the slot's master is failing over, or the map moved again meanwhile.
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => return RedisFailure::ClusterUnavailable,
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => return RedisFailure::MalformedReply,
         _ => {}
     }
@@ -34,6 +43,9 @@ fn failure_of(err: &RedisError) -> RedisFailure {
         Some("READONLY") => return RedisFailure::ReadOnly,
         Some("LOADING") => return RedisFailure::Loading,
         Some("NOSCRIPT") => return RedisFailure::NoScript,
+        Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "MOVED" | "ASK") => {
+            return RedisFailure::ClusterUnavailable;
+        }
         _ => {}
     }
     if err.is_connection_refusal() {
@@ -50,6 +62,7 @@ fn failure_of(err: &RedisError) -> RedisFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redis::Value;
     use std::io;
 
     fn io_err(kind: io::ErrorKind) -> RedisError {
@@ -83,10 +96,75 @@ mod tests {
             ("LOADING", RedisFailure::Loading),
             ("OOM", RedisFailure::OutOfMemory),
             ("WRONGTYPE", RedisFailure::Other),
+            ("CLUSTERDOWN", RedisFailure::ClusterUnavailable),
+            ("TRYAGAIN", RedisFailure::ClusterUnavailable),
+            ("MASTERDOWN", RedisFailure::ClusterUnavailable),
+            ("MOVED", RedisFailure::ClusterUnavailable),
+            ("ASK", RedisFailure::ClusterUnavailable),
         ];
         for (code, expected) in cases {
             let err = redis::make_extension_error(code.to_string(), Some("detail".into()));
             assert_eq!(classify(err).redis_failure(), Some(expected), "{code}");
         }
+    }
+
+    /// The replies a Cluster node sends while it fails over, parsed as redis-rs
+    /// parses them off the wire (so with their typed kinds): each is a
+    /// transient fault that did not run the command. A `READONLY` from a
+    /// demoted master and a `LOADING` replica stay their own kinds.
+    #[test]
+    fn cluster_replies_are_transient_and_did_not_run() {
+        let cases = [
+            (
+                "-CLUSTERDOWN The cluster is down",
+                RedisFailure::ClusterUnavailable,
+            ),
+            (
+                "-CLUSTERDOWN Hash slot not served",
+                RedisFailure::ClusterUnavailable,
+            ),
+            (
+                "-TRYAGAIN Multiple keys request during rehashing of slot",
+                RedisFailure::ClusterUnavailable,
+            ),
+            (
+                "-MASTERDOWN Link with MASTER is down",
+                RedisFailure::ClusterUnavailable,
+            ),
+            (
+                "-MOVED 3999 127.0.0.1:6381",
+                RedisFailure::ClusterUnavailable,
+            ),
+            ("-ASK 3999 127.0.0.1:6381", RedisFailure::ClusterUnavailable),
+            (
+                "-READONLY You can't write against a read only replica.",
+                RedisFailure::ReadOnly,
+            ),
+            (
+                "-LOADING Redis is loading the dataset in memory",
+                RedisFailure::Loading,
+            ),
+        ];
+        for (wire, expected) in cases {
+            let value = redis::parse_redis_value(format!("{wire}\r\n").as_bytes())
+                .expect("an error reply parses");
+            let Value::ServerError(e) = value else {
+                panic!("{wire} parsed as {value:?}");
+            };
+            let err = classify_server(e);
+            assert_eq!(err.redis_failure(), Some(expected), "{wire}");
+            assert!(err.is_transient(), "{wire}");
+            assert!(!expected.may_have_run(), "{wire}");
+        }
+        // Inside a script, a cluster error comes back as the script's error
+        // whose code is still the command's.
+        let in_script = redis::make_extension_error(
+            "CLUSTERDOWN".to_string(),
+            Some("Error running script: The cluster is down".into()),
+        );
+        assert_eq!(
+            classify(in_script).redis_failure(),
+            Some(RedisFailure::ClusterUnavailable)
+        );
     }
 }

@@ -47,6 +47,24 @@
 //! write-back spreads its units over the stripes. The accuracy bound is
 //! documented there.
 //!
+//! # Redis Cluster
+//!
+//! `redis+cluster://host1:7000,host2:7001/` (the `cluster` feature, on by
+//! default) checks on a Redis Cluster: each check goes to the master of its
+//! user key's hash slot (every storage key of a check shares the tag
+//! `{<user key>}`, so a check of many rules is still one script call). What
+//! carries many keys is split by slot: a batch of concurrent checks becomes
+//! one script call per slot, sent at once; [`RedisTier::check_many`] and
+//! [`RedisTier::reconcile`] send one pipeline per slot. A script a master
+//! lacks (a promoted replica, `SCRIPT FLUSH`) is loaded on that master and
+//! the call sent again. A master failing over makes the calls for its slots
+//! fail within their deadline (`CLUSTERDOWN`, `TRYAGAIN` and leftover
+//! `MOVED`/`ASK` are [`RedisFailure::ClusterUnavailable`](tierlimit_core::RedisFailure::ClusterUnavailable)),
+//! while the other masters' keys go on, provided the servers run with
+//! `cluster-require-full-coverage no`: with Redis's default (`yes`) every
+//! master refuses every key (`CLUSTERDOWN`) until the failed master's replica
+//! is promoted. [`RedisTier::ping`] asks every master (one down fails it).
+//!
 //! # TLS and ACL users
 //!
 //! `rediss://` URLs need the `tls` feature (on by default): rustls with the
@@ -61,6 +79,7 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod batch;
+mod cluster;
 mod command;
 mod config;
 mod failure;

@@ -1,10 +1,10 @@
 //! Writing an outage ledger back: arguments and replies of `lua/reconcile.lua`.
 
-use redis::{Cmd, Pipeline, RedisWrite, Value};
+use redis::{Cmd, RedisWrite, Value};
 use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key};
 
 use crate::RECONCILE;
-use crate::failure::{classify_server, timeout};
+use crate::failure::classify_server;
 
 /// How long past an entry's last relevant moment its batch marker is kept, so
 /// a batch re-sent late (after a long outage, or across clock skew between
@@ -109,14 +109,15 @@ pub(crate) fn reconcile_cmd(
 /// and the units it sends.
 pub(crate) type Part = (u32, u64);
 
-/// Adds the reconcile commands of one write-back to `pipe`, and answers what
+/// Hands the reconcile commands of one write-back to `add` (each with the
+/// storage key it writes, for its hash slot), and answers what
 /// each sends: one command, or for a striped entry one per stripe that gets
 /// units, each stripe its [`stripe_share`] of the units under its share of
 /// the rule, so no stripe is charged beyond its share of the limit while the
 /// stripes together are charged every unit. Each stripe's key keeps its own
 /// marker of the batch id, so a re-sent write-back changes no stripe twice.
 pub(crate) fn add_reconcile_cmds(
-    pipe: &mut Pipeline,
+    mut add: impl FnMut(Cmd, &str),
     entry: &LedgerEntry,
     batch_id: &str,
     now_arg: u64,
@@ -136,7 +137,10 @@ pub(crate) fn add_reconcile_cmds(
         Some(parts) => parts
             .into_iter()
             .map(|(part, e)| {
-                pipe.add_command(reconcile_cmd(&e, batch_id, now_arg, local_now_us));
+                add(
+                    reconcile_cmd(&e, batch_id, now_arg, local_now_us),
+                    &e.storage_key,
+                );
                 part
             })
             .collect(),
@@ -144,7 +148,10 @@ pub(crate) fn add_reconcile_cmds(
         // hand-made entry: a striped set's rules always do): all on stripe 0,
         // whose key the entry names, so nothing is lost.
         None => {
-            pipe.add_command(reconcile_cmd(entry, batch_id, now_arg, local_now_us));
+            add(
+                reconcile_cmd(entry, batch_id, now_arg, local_now_us),
+                &entry.storage_key,
+            );
             vec![(0, entry.units)]
         }
     }
@@ -163,10 +170,11 @@ pub(crate) fn stripe_entry(entry: &LedgerEntry, stripe: u32, units: u64) -> Opti
     ))
 }
 
-/// The outcome of each command, grouped by write-back (`parts[i].len()`
-/// commands for write-back `i`, in order; see [`add_reconcile_cmds`]).
+/// The outcome of each command from its reply (or its pipeline's failure),
+/// grouped by write-back (`parts[i].len()` commands for write-back `i`, in
+/// order; see [`add_reconcile_cmds`]).
 pub(crate) fn written_parts(
-    replies: Vec<Option<Value>>,
+    replies: impl IntoIterator<Item = Result<Value>>,
     parts: &[Vec<Part>],
 ) -> Vec<Vec<Result<Written>>> {
     let mut replies = replies.into_iter();
@@ -176,7 +184,7 @@ pub(crate) fn written_parts(
             replies
                 .by_ref()
                 .take(p.len())
-                .map(|r| r.ok_or_else(timeout).and_then(written))
+                .map(|r| r.and_then(written))
                 .collect()
         })
         .collect()

@@ -92,12 +92,12 @@ pub const CHECK_SOURCE: &str = concat!(
 /// The batch script: [`CHECK_SOURCE`]'s fragments followed by
 /// `lua/check_batch.lua`, which decides many checks in one call, one after the
 /// other, each as [`CHECK`] would alone (see its header for the protocol).
-pub(crate) static CHECK_BATCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        with_algorithms!("../lua/decide.lua"),
-        include_str!("../lua/check_batch.lua")
-    ))
-});
+pub(crate) static CHECK_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_BATCH_SOURCE));
+
+const CHECK_BATCH_SOURCE: &str = concat!(
+    with_algorithms!("../lua/decide.lua"),
+    include_str!("../lua/check_batch.lua")
+);
 
 /// The check script ([`CHECK_SOURCE`]), ready for `EVALSHA`: one call checks a
 /// request against every rule of a rule set and commits it only if all admit.
@@ -145,12 +145,12 @@ pub static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SOURCE))
 /// assert!(alive >= 1);
 /// # Ok(()) }
 /// ```
-pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../lua/common.lua"),
-        include_str!("../lua/heartbeat.lua")
-    ))
-});
+pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SOURCE));
+
+const HEARTBEAT_SOURCE: &str = concat!(
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/heartbeat.lua")
+);
 
 /// `lua/reconcile.lua`: writes units admitted locally during an outage back to
 /// one rule's key, once per batch id (see
@@ -178,5 +178,38 @@ pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
 /// assert!(status == 1 || applied == 0);
 /// # Ok(()) }
 /// ```
-pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(with_algorithms!("../lua/reconcile.lua")));
+pub static RECONCILE: LazyLock<Script> = LazyLock::new(|| Script::new(RECONCILE_SOURCE));
+
+const RECONCILE_SOURCE: &str = with_algorithms!("../lua/reconcile.lua");
+
+/// The source of one of this crate's scripts, for a `SCRIPT LOAD` sent to one
+/// chosen Cluster node (redis-rs's `Script` keeps its source to itself, and
+/// its own load goes to every node at once, failing while one is down).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
+    let hash = script.get_hash();
+    [
+        (&*CHECK, CHECK_SOURCE),
+        (&*CHECK_BATCH, CHECK_BATCH_SOURCE),
+        (&*HEARTBEAT, HEARTBEAT_SOURCE),
+        (&*RECONCILE, RECONCILE_SOURCE),
+    ]
+    .into_iter()
+    .find(|(known, _)| known.get_hash() == hash)
+    .map(|(_, source)| source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every script's source is found by its hash, and hashes to it.
+    #[test]
+    fn every_script_has_its_source() {
+        for script in [&*CHECK, &*CHECK_BATCH, &*HEARTBEAT, &*RECONCILE] {
+            let source = source_of(script).expect("a script of this crate");
+            assert_eq!(Script::new(source).get_hash(), script.get_hash());
+        }
+        assert!(source_of(&Script::new("return 1")).is_none());
+    }
+}

@@ -7,7 +7,7 @@
 //! under the one deadline of the check. The answer speaks for the whole key
 //! (see [`whole`]).
 
-use redis::{Pipeline, Value};
+use redis::Value;
 use tierlimit_core::{Result, RuleSet, stripe_share};
 use tokio::time::Instant;
 
@@ -208,13 +208,10 @@ impl RedisTier {
         &self,
         writes: &[WriteBack<'_>],
         parts: Option<Vec<Vec<Part>>>,
-        replies: Vec<Option<Value>>,
+        replies: impl IntoIterator<Item = Result<Value>>,
     ) -> Vec<Result<Written>> {
         match parts {
-            None => replies
-                .into_iter()
-                .map(|r| r.ok_or_else(timeout).and_then(written))
-                .collect(),
+            None => replies.into_iter().map(|r| r.and_then(written)).collect(),
             Some(parts) => {
                 let raw = written_parts(replies, &parts);
                 self.settle_stripes(writes, &parts, raw).await
@@ -289,7 +286,7 @@ impl RedisTier {
         let mut round = 1;
         while !spills.is_empty() {
             round += 1;
-            let mut pipe = Pipeline::new();
+            let mut cmds = Vec::new();
             let mut sent: Vec<Vec<Part>> = Vec::with_capacity(spills.len());
             for s in &spills {
                 let w = &writes[s.write];
@@ -302,13 +299,14 @@ impl RedisTier {
                         .then(|| stripe_entry(w.entry, stripe, units))
                         .flatten()
                     {
-                        pipe.add_command(reconcile_cmd(&e, &id, now_arg, local_now_us));
+                        let slot = self.slot_of_key(&e.storage_key);
+                        cmds.push((reconcile_cmd(&e, &id, now_arg, local_now_us), slot));
                         parts.push((stripe, units));
                     }
                 }
                 sent.push(parts);
             }
-            let replies = match self.send_writebacks(&pipe).await {
+            let replies = match self.send_writebacks(cmds).await {
                 Ok(replies) => replies,
                 Err(e) => {
                     tracing::debug!(error = %e, "spilling a striped write-back failed");

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::io::tcp::TcpSettings;
 use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
@@ -18,6 +18,7 @@ use tierlimit_core::{
 };
 
 use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
+use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slot, seed_urls};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
@@ -66,18 +67,18 @@ pub struct RedisTier {
 }
 
 struct Inner {
-    client: redis::Client,
-    manager_config: ConnectionManagerConfig,
+    /// One server or a Cluster, and how to connect to it.
+    backend: Backend,
     deadline: Duration,
     /// How long a background replacement may take to connect and answer PING.
     replace_budget: Duration,
     time_source: TimeSource,
     /// Checks, the heartbeat and PING.
-    conn: ArcSwapOption<ConnectionManager>,
+    conn: ArcSwapOption<Conn>,
     /// Reconcile batches, on a socket of their own: a pipelined batch on the
     /// checks' socket would make every check sent meanwhile wait for the whole
     /// batch's replies before its own (redis-rs answers in order).
-    bulk: ArcSwapOption<ConnectionManager>,
+    bulk: ArcSwapOption<Conn>,
     replacing: AtomicBool,
     replaced: AtomicU64,
     /// The reconcile script was loaded on the server since the connections
@@ -89,6 +90,7 @@ struct Inner {
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
 /// item of a batch.
+#[derive(Clone)]
 enum Failure {
     Timeout,
     Redis(RedisError),
@@ -114,7 +116,7 @@ impl fmt::Debug for RedisTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The address only: the connection info may hold a password.
         f.debug_struct("RedisTier")
-            .field("addr", &self.inner.client.get_connection_info().addr())
+            .field("addr", &self.inner.backend.addr())
             .field("deadline", &self.inner.deadline)
             .field("time_source", &self.inner.time_source)
             .field("connected", &self.inner.conn.load().is_some())
@@ -129,19 +131,10 @@ impl RedisTier {
     /// runtime.
     pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
         config.validate()?;
-        let client = client_for(&config)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // Our deadline is the real bound; this only stops redis-rs from
-            // waiting on its own default (500 ms) for abandoned requests.
-            .set_response_timeout(Some(config.deadline))
-            .set_number_of_retries(config.reconnect_retries)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(config.reconnect_max_delay);
+        let backend = backend_for(&config)?;
         Ok(RedisTier {
             inner: Arc::new(Inner {
-                client,
-                manager_config,
+                backend,
                 deadline: config.deadline,
                 replace_budget: config.connect_timeout + config.deadline,
                 time_source: config.time_source,
@@ -153,6 +146,19 @@ impl RedisTier {
                 batcher: Batcher::new(config.max_batch),
             }),
         })
+    }
+
+    /// True when this tier talks to a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.backend.is_cluster()
+    }
+
+    /// The Redis Cluster hash slot (0 to 16383) of every storage key of a
+    /// check of `key`, or `None` on one server: what a circuit breaker per
+    /// slot (or per slot range) keys on, so that a fault of one master does
+    /// not stop the checks bound for the others. Computed locally, no I/O.
+    pub fn slot_of(&self, key: &CheckKey<'_>) -> Option<u16> {
+        self.is_cluster().then(|| check_slot(key.escaped()))
     }
 
     /// The hard bound on every call.
@@ -273,8 +279,9 @@ impl RedisTier {
         nonce: u64,
     ) -> Result<Verdict> {
         let cmd = &command::check(set, escaped, now, cost, nonce);
+        let slot = self.slot_of_check(escaped);
         let reply = self
-            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd)))
+            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot)))
             .await
             .map_err(Failure::into_error)?;
         parse_verdict(reply, set)
@@ -296,10 +303,43 @@ impl RedisTier {
     }
 
     /// One call for the checks of `batch` whose callers still wait, under the
-    /// earliest of their deadlines; every one gets its answer.
+    /// earliest of their deadlines; every one gets its answer. On a Cluster,
+    /// one call per hash slot of the batch, all sent at once, each with its
+    /// own [`Checked::counts_call`] vote (each is a call of its own node).
     async fn send_batch(&self, mut batch: Vec<Queued>) {
         let now = tokio::time::Instant::now();
         batch.retain(|q| !q.tx.is_closed() && q.deadline > now);
+        if !self.inner.backend.is_cluster() {
+            return self.send_group(batch, 0, now).await;
+        }
+        let groups = group_by_slot(&batch, |q| check_slot(&q.escaped));
+        if let [(slot, _)] = groups.as_slice() {
+            return self.send_group(batch, *slot, now).await;
+        }
+        let mut group_of = vec![0; batch.len()];
+        for (g, (_, members)) in groups.iter().enumerate() {
+            for &i in members {
+                group_of[i] = g;
+            }
+        }
+        let mut parts: Vec<Vec<Queued>> = groups
+            .iter()
+            .map(|(_, members)| Vec::with_capacity(members.len()))
+            .collect();
+        for (q, g) in batch.into_iter().zip(group_of) {
+            parts[g].push(q);
+        }
+        let calls = parts
+            .into_iter()
+            .zip(&groups)
+            .map(|(part, (slot, _))| self.send_group(part, *slot, now))
+            .collect();
+        join_all(calls).await;
+    }
+
+    /// One script call for `batch`, whose checks' keys are all in `slot` on a
+    /// Cluster (any slot on one server); see [`send_batch`](Self::send_batch).
+    async fn send_group(&self, batch: Vec<Queued>, slot: u16, now: tokio::time::Instant) {
         let Some(deadline) = batch.iter().map(|q| q.deadline).min() else {
             return;
         };
@@ -308,7 +348,7 @@ impl RedisTier {
             let cmd = &command::check(&q.set, &q.escaped, q.now, q.cost, q.nonce);
             let reply = self
                 .call_on(&self.inner.conn, budget, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd))
+                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
                 })
                 .await;
             vec![
@@ -320,7 +360,7 @@ impl RedisTier {
             let cmd = &command::check_batch(&batch);
             let reply = self
                 .call_on(&self.inner.conn, budget, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd))
+                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd, slot))
                 })
                 .await;
             match reply {
@@ -386,36 +426,36 @@ impl RedisTier {
         let first_of = |i: usize| first.get(i).copied().unwrap_or(0);
         let mut results: Vec<Option<Result<Verdict>>> = Vec::with_capacity(checks.len());
         let mut sent = Vec::new();
-        let mut pipe = Pipeline::with_capacity(checks.len());
+        let mut cmds = Vec::with_capacity(checks.len());
+        let cluster = self.inner.backend.is_cluster();
         for (i, check) in checks.iter().enumerate() {
             match self.check_cmd(check.key, check.set, check.cost, first_of(i)) {
                 Ok(cmd) => {
-                    pipe.add_command(cmd);
+                    let slot = if cluster {
+                        check_slot(&stripe_key(&escape_key(check.key), first_of(i)))
+                    } else {
+                        0
+                    };
+                    cmds.push((cmd, slot));
                     sent.push(i);
                     results.push(None);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        if !pipe.is_empty() {
-            let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+        if !cmds.is_empty() {
             let scripts: [&Script; 1] = [&CHECK];
-            let outcome = self
-                .call(|conn| pipeline_scripts(conn, &scripts, &pipe, &mut replies))
-                .await;
-            if let Err(failure) = &outcome
-                && replies.iter().all(Option::is_none)
+            let (replies, failures) = self.pipelined(&self.inner.conn, &scripts, cmds).await;
+            if replies.iter().all(Option::is_none)
+                && let Some(Some(failure)) = failures.first()
             {
                 return Err(failure.to_error());
             }
-            for (i, reply) in sent.iter().zip(replies) {
+            for ((i, reply), failure) in sent.iter().zip(replies).zip(failures) {
                 results[*i] = Some(match reply {
                     Some(Value::ServerError(e)) => Err(classify_server(e)),
                     Some(value) => parse_verdict(value, stripe_set(checks[*i].set, first_of(*i))),
-                    None => Err(match &outcome {
-                        Err(failure) => failure.to_error(),
-                        Ok(()) => timeout(),
-                    }),
+                    None => Err(failure.map_or_else(timeout, Failure::into_error)),
                 });
             }
         }
@@ -468,20 +508,29 @@ impl RedisTier {
                     "heartbeat ttl must be 1 ms to 2^53 µs (got {ttl:?})"
                 ))
             })?;
-        let mut invocation = HEARTBEAT.prepare_invoke();
-        invocation
-            .key(zset_key)
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(HEARTBEAT.get_hash())
+            .arg(1)
+            .arg(zset_key)
             .arg(self.now_arg())
             .arg(instance_id)
             .arg(ttl_us);
-        let invocation = &invocation;
-        self.call(|conn| {
-            send_refused_once(conn, |mut c| async move {
-                invocation.invoke_async(&mut c).await
-            })
+        let cmd = &cmd;
+        let slot = if self.inner.backend.is_cluster() {
+            key_slot(zset_key.as_bytes())
+        } else {
+            0
+        };
+        let reply = self
+            .call(|conn| send_refused_once(conn, |c| evalsha(c, &HEARTBEAT, cmd, slot)))
+            .await
+            .map_err(Failure::into_error)?;
+        redis::from_redis_value(reply).map_err(|e| {
+            Error::redis(
+                tierlimit_core::RedisFailure::MalformedReply,
+                Some(format!("heartbeat script reply: {e}").into()),
+            )
         })
-        .await
-        .map_err(Failure::into_error)
     }
 
     /// Writes outage-ledger entries back to Redis through
@@ -497,26 +546,106 @@ impl RedisTier {
     /// them may have run, and all may be re-sent under their ids. Otherwise
     /// each write-back has its own outcome, in order: an error there is one
     /// that may pass (`-OOM`, say); one that cannot is [`Written::Refused`].
+    ///
+    /// On a Cluster the write-backs go in one pipeline per hash slot, all at
+    /// once; `Err` then means every one of them failed as a whole, and a
+    /// write-back whose pipeline alone failed has that pipeline's error.
     pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
-        let (pipe, parts) = self.writeback_pipeline(writes, 0)?;
-        if pipe.is_empty() {
+        let (cmds, parts) = self.writeback_cmds(writes)?;
+        if cmds.is_empty() {
             return Ok(Vec::new());
         }
-        let replies = self.send_writebacks(&pipe).await?;
+        let replies = self.send_writebacks(cmds).await?;
         Ok(self.outcomes(writes, parts, replies).await)
     }
 
-    /// Sends `pipe`, reconcile script calls, on the reconcile batches'
-    /// connection under the deadline; the replies that came back, in order.
-    pub(crate) async fn send_writebacks(&self, pipe: &Pipeline) -> Result<Vec<Option<Value>>> {
-        let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+    /// Sends `cmds`, reconcile script calls each with its keys' slot, on the
+    /// reconcile batches' connection under the deadline (one pipeline per
+    /// slot on a Cluster): each command's reply, or the failure of its
+    /// pipeline; `Err` when every pipeline failed.
+    pub(crate) async fn send_writebacks(
+        &self,
+        cmds: Vec<(Cmd, u16)>,
+    ) -> Result<Vec<Result<Value>>> {
         let scripts: [&Script; 1] = [&RECONCILE];
-        self.call_on(&self.inner.bulk, self.inner.deadline, |conn| {
-            pipeline_scripts(conn, &scripts, pipe, &mut replies)
-        })
-        .await
-        .map_err(Failure::into_error)?;
-        Ok(replies)
+        let (replies, failures) = self.pipelined(&self.inner.bulk, &scripts, cmds).await;
+        if failures.iter().all(Option::is_some)
+            && let Some(Some(failure)) = failures.first()
+        {
+            return Err(failure.to_error());
+        }
+        Ok(replies
+            .into_iter()
+            .zip(failures)
+            .map(|(reply, failure)| match (reply, failure) {
+                (Some(reply), _) => Ok(reply),
+                (None, failure) => Err(failure.map_or_else(timeout, Failure::into_error)),
+            })
+            .collect())
+    }
+
+    /// Sends `cmds` (`EVALSHA`s of `scripts`, each with its keys' slot)
+    /// pipelined on the connection in `conn`, under the deadline, reloading
+    /// scripts the server lost: one pipeline on one server; on a Cluster one
+    /// per slot, all sent at once. Answers each command's reply (`None` when
+    /// none came) and the failure of its pipeline, if it failed.
+    async fn pipelined(
+        &self,
+        conn: &ArcSwapOption<Conn>,
+        scripts: &[&Script],
+        cmds: Vec<(Cmd, u16)>,
+    ) -> (Vec<Option<Value>>, Vec<Option<Failure>>) {
+        let count = cmds.len();
+        if !self.inner.backend.is_cluster() {
+            let mut pipe = Pipeline::with_capacity(count);
+            for (cmd, _) in cmds {
+                pipe.add_command(cmd);
+            }
+            let mut replies: Vec<Option<Value>> = vec![None; count];
+            let outcome = self
+                .call_on(conn, self.inner.deadline, |c| {
+                    pipeline_scripts(c, scripts, &pipe, &mut replies, None)
+                })
+                .await;
+            return (replies, vec![outcome.err(); count]);
+        }
+        let groups = group_by_slot(&cmds, |(_, slot)| *slot);
+        let mut group_of = vec![0; count];
+        for (g, (_, members)) in groups.iter().enumerate() {
+            for &i in members {
+                group_of[i] = g;
+            }
+        }
+        let mut pipes: Vec<Pipeline> = groups
+            .iter()
+            .map(|(_, members)| Pipeline::with_capacity(members.len()))
+            .collect();
+        for ((cmd, _), &g) in cmds.into_iter().zip(&group_of) {
+            pipes[g].add_command(cmd);
+        }
+        let calls = groups
+            .iter()
+            .zip(&pipes)
+            .map(|((slot, _), pipe)| async move {
+                let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+                let outcome = self
+                    .call_on(conn, self.inner.deadline, |c| {
+                        pipeline_scripts(c, scripts, pipe, &mut replies, Some(*slot))
+                    })
+                    .await;
+                (replies, outcome.err())
+            })
+            .collect();
+        let mut answers = join_all(calls).await;
+        let mut replies = vec![None; count];
+        let mut failures = vec![None; count];
+        for ((_, members), (group_replies, failure)) in groups.iter().zip(&mut answers) {
+            for (&i, reply) in members.iter().zip(group_replies.iter_mut()) {
+                replies[i] = reply.take();
+                failures[i] = failure.clone();
+            }
+        }
+        (replies, failures)
     }
 
     /// [`check`](Self::check), with this key's pending write-backs sent first
@@ -548,6 +677,9 @@ impl RedisTier {
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
         set.validate_cost(cost)?;
+        if self.inner.backend.is_cluster() {
+            return self.check_after_on_cluster(key, set, cost, writes).await;
+        }
         let started = tokio::time::Instant::now();
         // A striped set's check asks one stripe here, the others after.
         let stripe = first_stripe(set);
@@ -576,7 +708,7 @@ impl RedisTier {
                 .await?;
                 loaded.store(true, Ordering::Release);
             }
-            pipeline_scripts(conn, &scripts, &pipe, &mut replies).await
+            pipeline_scripts(conn, &scripts, &pipe, &mut replies, None).await
         })
         .await
         .map_err(Failure::into_error)?;
@@ -585,6 +717,7 @@ impl RedisTier {
             Some(reply) => parse_verdict(reply, stripe_set(set, stripe)),
             None => Err(timeout()),
         };
+        let replies = replies.into_iter().map(|r| r.ok_or_else(timeout));
         let written = self.outcomes(writes, parts, replies).await;
         let checked = Checked {
             result: check,
@@ -604,17 +737,65 @@ impl RedisTier {
         Ok((check, written))
     }
 
+    /// [`check_after_key`](Self::check_after_key) on a Cluster: the write-backs
+    /// (grouped by slot, as [`reconcile`](Self::reconcile) sends them) and
+    /// then the check, one after the other, both within one deadline. Two
+    /// round trips instead of one pipeline: the write-backs reach their
+    /// nodes, scripts reloaded, before the check is sent.
+    async fn check_after_on_cluster(
+        &self,
+        key: &CheckKey<'_>,
+        set: &RuleSet,
+        cost: u64,
+        writes: &[WriteBack<'_>],
+    ) -> Result<(Verdict, Vec<Result<Written>>)> {
+        let both = async {
+            let written = self.reconcile(writes).await?;
+            let verdict = self.check_key(key, set, cost).await.result?;
+            Ok((verdict, written))
+        };
+        tokio::time::timeout(self.inner.deadline, both)
+            .await
+            .unwrap_or_else(|_| Err(timeout()))
+    }
+
+    /// The write-backs' `EVALSHA`s, each with its keys' hash slot (see
+    /// [`writeback_into`](Self::writeback_into)).
+    fn writeback_cmds(
+        &self,
+        writes: &[WriteBack<'_>],
+    ) -> Result<(Vec<(Cmd, u16)>, Option<Vec<Vec<Part>>>)> {
+        let mut cmds = Vec::with_capacity(writes.len());
+        let parts = self.writeback_into(writes, |cmd, key| {
+            cmds.push((cmd, self.slot_of_key(key)));
+        })?;
+        Ok((cmds, parts))
+    }
+
     /// A pipeline of the write-backs' `EVALSHA`s, with room for `more`
-    /// commands after them, and when any is striped the commands of each
-    /// write-back (one per stripe it is spread over); `None` when none is
-    /// (one command each), so unstriped write-backs allocate nothing more.
+    /// commands after them (see [`writeback_into`](Self::writeback_into)).
     fn writeback_pipeline(
         &self,
         writes: &[WriteBack<'_>],
         more: usize,
     ) -> Result<(Pipeline, Option<Vec<Vec<Part>>>)> {
-        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let mut pipe = Pipeline::with_capacity(writes.len() + more);
+        let parts = self.writeback_into(writes, |cmd, _| {
+            pipe.add_command(cmd);
+        })?;
+        Ok((pipe, parts))
+    }
+
+    /// Hands `add` the write-backs' `EVALSHA`s, each with the storage key it
+    /// writes; when any is striped, answers the commands of each write-back
+    /// (one per stripe it is spread over), `None` when none is (one command
+    /// each), so unstriped write-backs allocate nothing more.
+    fn writeback_into(
+        &self,
+        writes: &[WriteBack<'_>],
+        mut add: impl FnMut(Cmd, &str),
+    ) -> Result<Option<Vec<Vec<Part>>>> {
+        let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let mut parts = writes
             .iter()
             .any(|w| w.entry.stripes > 1)
@@ -623,18 +804,19 @@ impl RedisTier {
             validate_key(w.id)?;
             match &mut parts {
                 Some(parts) => parts.push(add_reconcile_cmds(
-                    &mut pipe,
+                    &mut add,
                     w.entry,
                     w.id,
                     now_arg,
                     local_now_us,
                 )),
-                None => {
-                    pipe.add_command(reconcile_cmd(w.entry, w.id, now_arg, local_now_us));
-                }
+                None => add(
+                    reconcile_cmd(w.entry, w.id, now_arg, local_now_us),
+                    &w.entry.storage_key,
+                ),
             }
         }
-        Ok((pipe, parts))
+        Ok(parts)
     }
 
     /// Removes `instance_id` from the heartbeat set `zset_key` (when an
@@ -700,7 +882,7 @@ impl RedisTier {
         runtime.spawn(async move {
             let _done = ClearOnDrop(&inner.replacing);
             let connect = async {
-                let fresh = inner.new_manager()?;
+                let fresh = inner.backend.connect_lazy()?;
                 let _: String = redis::cmd("PING").query_async(&mut fresh.clone()).await?;
                 Ok::<_, RedisError>(fresh)
             };
@@ -740,6 +922,26 @@ impl RedisTier {
         ))
     }
 
+    /// The hash slot of storage key `key` on a Cluster; 0 on one server,
+    /// where slots mean nothing (and cost nothing).
+    pub(crate) fn slot_of_key(&self, key: &str) -> u16 {
+        if self.inner.backend.is_cluster() {
+            key_slot(key.as_bytes())
+        } else {
+            0
+        }
+    }
+
+    /// The hash slot of a check of `escaped` on a Cluster; 0 on one server,
+    /// where slots mean nothing (and cost nothing).
+    fn slot_of_check(&self, escaped: &str) -> u16 {
+        if self.inner.backend.is_cluster() {
+            check_slot(escaped)
+        } else {
+            0
+        }
+    }
+
     /// This process's idea of now (µs since the epoch): the injected clock in
     /// client-time mode, else the system clock.
     pub(crate) fn local_now_us(&self) -> u64 {
@@ -762,7 +964,7 @@ impl RedisTier {
     /// all under the deadline.
     async fn call<T, F, Fut>(&self, op: F) -> std::result::Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         self.call_on(&self.inner.conn, self.inner.deadline, op)
@@ -773,12 +975,12 @@ impl RedisTier {
     /// all within `budget` (at most the deadline).
     async fn call_on<T, F, Fut>(
         &self,
-        slot: &ArcSwapOption<ConnectionManager>,
+        slot: &ArcSwapOption<Conn>,
         budget: Duration,
         op: F,
     ) -> std::result::Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let work = async {
@@ -794,14 +996,11 @@ impl RedisTier {
 
     /// The connection in `slot`, created lazily (no I/O here: it connects on
     /// its first command).
-    fn connection(
-        &self,
-        slot: &ArcSwapOption<ConnectionManager>,
-    ) -> RedisResult<ConnectionManager> {
+    fn connection(&self, slot: &ArcSwapOption<Conn>) -> RedisResult<Conn> {
         if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
-        let fresh = Arc::new(self.inner.new_manager()?);
+        let fresh = Arc::new(self.inner.backend.connect_lazy()?);
         // Another call may have raced us here: keep whichever was stored first.
         let previous = slot.rcu(|current| match current {
             Some(conn) => Some(Arc::clone(conn)),
@@ -814,14 +1013,16 @@ impl RedisTier {
     }
 }
 
-/// The redis-rs client for `config`'s URL and TLS settings. Every error names
-/// the URL only through [`redact_url`] and never carries its password.
-fn client_for(config: &RedisTierConfig) -> Result<redis::Client> {
+/// How to reach `config`'s server or Cluster, with its TLS settings. Every
+/// error names the URL only through [`redact_url`] and never carries its
+/// password.
+fn backend_for(config: &RedisTierConfig) -> Result<Backend> {
     let url = config.url.as_str();
     let bad_url = |why: &str| invalid(format!("url {}: {}", redact_url(url), scrub(why, url)));
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    let tls_scheme =
-        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys");
+    let tls_scheme = ["rediss", "valkeys", "rediss+cluster"]
+        .iter()
+        .any(|s| scheme.eq_ignore_ascii_case(s));
     if tls_scheme && !cfg!(feature = "tls") {
         return Err(bad_url(
             "rediss:// needs the `tls` feature of tierlimit-redis \
@@ -835,44 +1036,108 @@ fn client_for(config: &RedisTierConfig) -> Result<redis::Client> {
             "a URL fragment is refused (`#insecure` would skip certificate verification)",
         ));
     }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| bad_url(&e.to_string()))?
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let seeds = seed_urls(url).map_err(|why| bad_url(&why))?;
+    let info = |node: &str| {
+        node.into_connection_info()
+            .map_err(|e| bad_url(&e.to_string()))
+            .map(|info| info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+    };
     #[cfg(feature = "tls")]
-    if config.tls.is_set() {
-        if !tls_scheme {
-            return Err(bad_url(
-                "TLS certificates are set but the URL is not rediss://",
-            ));
-        }
-        if let Some(pem) = &config.tls.root_pem
-            && !pem.windows(11).any(|w| w == b"CERTIFICATE")
+    let certificates = tls_certificates(config, tls_scheme, &bad_url)?;
+    if let Some(seeds) = seeds {
+        #[cfg(not(feature = "cluster"))]
         {
-            return Err(invalid(
-                "tls_root_certificates: the PEM holds no certificate".into(),
+            let _ = seeds;
+            return Err(bad_url(
+                "redis+cluster:// needs the `cluster` feature of tierlimit-redis \
+                 (on by default in tierlimit and tierlimit-redis)",
             ));
         }
-        install_crypto_provider();
-        let certificates = redis::TlsCertificates {
-            client_tls: config
-                .tls
-                .client
-                .as_ref()
-                .map(|(chain, key)| redis::ClientTlsConfig {
-                    client_cert: chain.clone(),
-                    client_key: key.clone(),
-                }),
-            root_cert: config.tls.root_pem.clone(),
-        };
-        return redis::Client::build_with_tls(info, certificates)
-            .map_err(|e| invalid(format!("tls certificates: {}", scrub(&e.to_string(), url))));
+        #[cfg(feature = "cluster")]
+        {
+            let nodes = seeds
+                .iter()
+                .map(|node| info(node))
+                .collect::<Result<Vec<_>>>()?;
+            let shown = nodes.iter().map(|n| n.addr().to_string()).collect();
+            let (client, cluster_config) = crate::cluster::cluster_client(
+                nodes,
+                config.connect_timeout,
+                config.deadline,
+                #[cfg(feature = "tls")]
+                certificates,
+            )
+            .map_err(|e| bad_url(&e.to_string()))?;
+            return Ok(Backend::Cluster {
+                client,
+                config: cluster_config,
+                seeds: shown,
+            });
+        }
     }
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // Our deadline is the real bound; this only stops redis-rs from
+        // waiting on its own default (500 ms) for abandoned requests.
+        .set_response_timeout(Some(config.deadline))
+        .set_number_of_retries(config.reconnect_retries)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(config.reconnect_max_delay);
+    let info = info(url)?;
     #[cfg(feature = "tls")]
+    if let Some(certificates) = certificates {
+        let client = redis::Client::build_with_tls(info, certificates)
+            .map_err(|e| invalid(format!("tls certificates: {}", scrub(&e.to_string(), url))))?;
+        return Ok(Backend::Single {
+            client,
+            config: manager_config,
+        });
+    }
+    let client = redis::Client::open(info).map_err(|e| bad_url(&e.to_string()))?;
+    Ok(Backend::Single {
+        client,
+        config: manager_config,
+    })
+}
+
+/// The certificates set for `config` (`None` when none is, so the system's
+/// trust store serves), after checking they fit the URL; installs the `ring`
+/// provider for any TLS URL.
+#[cfg(feature = "tls")]
+fn tls_certificates(
+    config: &RedisTierConfig,
+    tls_scheme: bool,
+    bad_url: &dyn Fn(&str) -> Error,
+) -> Result<Option<redis::TlsCertificates>> {
     if tls_scheme {
         install_crypto_provider();
     }
-    redis::Client::open(info).map_err(|e| bad_url(&e.to_string()))
+    if !config.tls.is_set() {
+        return Ok(None);
+    }
+    if !tls_scheme {
+        return Err(bad_url(
+            "TLS certificates are set but the URL is not rediss://",
+        ));
+    }
+    if let Some(pem) = &config.tls.root_pem
+        && !pem.windows(11).any(|w| w == b"CERTIFICATE")
+    {
+        return Err(invalid(
+            "tls_root_certificates: the PEM holds no certificate".into(),
+        ));
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls: config
+            .tls
+            .client
+            .as_ref()
+            .map(|(chain, key)| redis::ClientTlsConfig {
+                client_cert: chain.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: config.tls.root_pem.clone(),
+    }))
 }
 
 /// Makes `ring` rustls's process-wide provider unless one is installed already.
@@ -884,12 +1149,6 @@ fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err only when another thread installed one first: that one serves.
         let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-impl Inner {
-    fn new_manager(&self) -> RedisResult<ConnectionManager> {
-        ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone())
     }
 }
 
@@ -918,9 +1177,9 @@ impl Drop for ClearOnDrop<'_> {
 /// `connect`, so nothing was sent; and redis-rs hands out a failed connection
 /// attempt once more before it reconnects, so without this the first call after
 /// Redis comes back would fail although Redis is up.
-async fn send_refused_once<T, F, Fut>(conn: ConnectionManager, mut send: F) -> RedisResult<T>
+async fn send_refused_once<T, F, Fut>(conn: Conn, mut send: F) -> RedisResult<T>
 where
-    F: FnMut(ConnectionManager) -> Fut,
+    F: FnMut(Conn) -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
     match send(conn.clone()).await {
@@ -933,11 +1192,12 @@ where
 /// reply as an error. When the server lost the script (`SCRIPT FLUSH`, a
 /// restart), loads it and sends `cmd` once more, as redis-rs's
 /// `ScriptInvocation` does; called directly rather than through it, so a check
-/// builds one command and no boxed future.
-async fn evalsha(mut conn: ConnectionManager, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
+/// builds one command and no boxed future. On a Cluster the script is
+/// loaded on the master of `slot` (`cmd`'s keys' slot), the node that answered.
+async fn evalsha(mut conn: Conn, script: &Script, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
     let mut reply = conn.send_packed_command(cmd).await?;
     if is_noscript(&reply) {
-        script.load_async(&mut conn).await?;
+        conn.load_script(script, Some(slot)).await?;
         reply = conn.send_packed_command(cmd).await?;
     }
     match reply {
@@ -949,11 +1209,13 @@ async fn evalsha(mut conn: ConnectionManager, script: &Script, cmd: &Cmd) -> Red
 /// Pipelines `pipe` (EVALSHA of `scripts`), reloading the scripts and
 /// re-sending only the commands that failed with NOSCRIPT. Replies land in
 /// `replies` as they arrive, so what came back survives a later failure.
+/// On a Cluster every command of `pipe` has its keys in `slot`.
 async fn pipeline_scripts(
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: &[&Script],
     pipe: &Pipeline,
     replies: &mut [Option<Value>],
+    slot: Option<u16>,
 ) -> RedisResult<()> {
     let first = send_pipeline(&conn, pipe).await?;
     let mut missing = Vec::new();
@@ -973,7 +1235,7 @@ async fn pipeline_scripts(
     );
     for script in scripts {
         send_refused_once(conn.clone(), |mut c| async move {
-            script.load_async(&mut c).await
+            c.load_script(script, slot).await
         })
         .await?;
     }
@@ -990,9 +1252,9 @@ async fn pipeline_scripts(
 }
 
 /// Sends `pipe`; one reply per command, error replies included as values.
-async fn send_pipeline(conn: &ConnectionManager, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+async fn send_pipeline(conn: &Conn, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
     let replies = send_refused_once(conn.clone(), |mut c| async move {
-        c.send_packed_commands(pipe, 0, pipe.len()).await
+        c.send_packed_commands(pipe).await
     })
     .await?;
     if replies.len() != pipe.len() {
@@ -1025,6 +1287,60 @@ mod tests {
         assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
         assert!(shown.contains("`tls` feature"), "{shown}");
         assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    /// Without the `cluster` feature a `redis+cluster://` URL is a
+    /// configuration error at construction that names the feature.
+    #[cfg(not(feature = "cluster"))]
+    #[test]
+    fn a_cluster_url_without_the_cluster_feature_names_the_feature() {
+        let err = RedisTier::new(RedisTierConfig::new(
+            "redis+cluster://u:secret@127.0.0.1:1,127.0.0.1:2/",
+        ))
+        .expect_err("redis+cluster:// needs the cluster feature");
+        let shown = err.to_string();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("`cluster` feature"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    /// A bad cluster URL is a configuration error at construction naming the
+    /// problem, never showing the password; a good one does no I/O.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn cluster_urls_are_checked_at_construction() {
+        for (url, says) in [
+            ("redis+cluster://u:secret@/", "at least one seed node"),
+            ("redis+cluster://u:secret@a:1,,b:2/", "seed node 2"),
+            ("redis+cluster://u:secret@127.0.0.1:notaport/", "url "),
+        ] {
+            let err = RedisTier::new(RedisTierConfig::new(url)).expect_err(url);
+            let shown = err.to_string();
+            assert!(matches!(err, Error::InvalidConfig { .. }), "{shown}");
+            assert!(shown.contains(says), "{shown}");
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        let tier = RedisTier::new(RedisTierConfig::new(
+            "redis+cluster://u:secret@127.0.0.1:1,127.0.0.1:2/",
+        ))
+        .expect("a valid cluster URL, nothing listening");
+        let shown = format!("{tier:?}");
+        assert!(
+            shown.contains("cluster of 127.0.0.1:1,127.0.0.1:2"),
+            "{shown}"
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(tier.is_cluster());
+        let key = CheckKey::new("foo").expect("valid");
+        assert_eq!(tier.slot_of(&key), Some(12182), "CLUSTER KEYSLOT foo");
+        let braces = CheckKey::new("a{b}").expect("valid");
+        assert_eq!(
+            tier.slot_of(&braces),
+            Some(crate::cluster::key_slot(b"a%7Bb%7D"))
+        );
+        let single = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:1/")).expect("valid");
+        assert!(!single.is_cluster());
+        assert_eq!(single.slot_of(&key), None);
     }
 
     #[test]
@@ -1060,7 +1376,7 @@ mod tests {
         let before = server.command_calls("evalsha").await;
         let conn = tier.connection(&tier.inner.conn).expect("connection");
         let scripts: [&Script; 1] = [&CHECK];
-        pipeline_scripts(conn, &scripts, &pipe, &mut replies)
+        pipeline_scripts(conn, &scripts, &pipe, &mut replies, None)
             .await
             .expect("pipeline");
 

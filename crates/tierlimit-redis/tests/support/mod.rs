@@ -53,10 +53,7 @@ pub(crate) fn storage_key(set: &RuleSet, key: &str, index: usize) -> String {
 }
 
 /// A key's serialized value (`DUMP`), `None` when it does not exist.
-pub(crate) async fn dump(
-    conn: &mut redis::aio::MultiplexedConnection,
-    key: &str,
-) -> Option<Vec<u8>> {
+pub(crate) async fn dump(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> Option<Vec<u8>> {
     redis::cmd("DUMP")
         .arg(key)
         .query_async(conn)
