@@ -109,6 +109,10 @@ pub(crate) fn reconcile_cmd(
 /// and the units it sends.
 pub(crate) type Part = (u32, u64);
 
+/// The commands of each write-back of a batch when any is striped (see
+/// [`add_reconcile_cmds`]); `None` when none is: one command each.
+pub(crate) type Parts = Option<Vec<Vec<Part>>>;
+
 /// Hands the reconcile commands of one write-back to `add` (each with the
 /// storage key it writes, for its hash slot), and answers what
 /// each sends: one command, or for a striped entry one per stripe that gets

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::batch::{CheckKey, Checked};
 use crate::failure::timeout;
-use crate::reconcile::{Part, fold, reconcile_cmd, stripe_entry, written, written_parts};
+use crate::reconcile::{Part, Parts, fold, reconcile_cmd, stripe_entry, written, written_parts};
 use crate::{CheckRequest, RedisTier, Verdict, WriteBack, Written};
 
 /// The stripe a check asks first: one at random, so checks of a hot key from
@@ -207,7 +207,7 @@ impl RedisTier {
     pub(crate) async fn outcomes(
         &self,
         writes: &[WriteBack<'_>],
-        parts: Option<Vec<Vec<Part>>>,
+        parts: Parts,
         replies: impl IntoIterator<Item = Result<Value>>,
     ) -> Vec<Result<Written>> {
         match parts {

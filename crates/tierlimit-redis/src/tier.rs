@@ -22,7 +22,7 @@ use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slo
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
-use crate::reconcile::{Part, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
+use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::CHECK_BATCH;
 use crate::stripe::{first_stripe, stripe_set};
 use crate::verdict::parse_verdict;
@@ -761,10 +761,7 @@ impl RedisTier {
 
     /// The write-backs' `EVALSHA`s, each with its keys' hash slot (see
     /// [`writeback_into`](Self::writeback_into)).
-    fn writeback_cmds(
-        &self,
-        writes: &[WriteBack<'_>],
-    ) -> Result<(Vec<(Cmd, u16)>, Option<Vec<Vec<Part>>>)> {
+    fn writeback_cmds(&self, writes: &[WriteBack<'_>]) -> Result<(Vec<(Cmd, u16)>, Parts)> {
         let mut cmds = Vec::with_capacity(writes.len());
         let parts = self.writeback_into(writes, |cmd, key| {
             cmds.push((cmd, self.slot_of_key(key)));
@@ -778,7 +775,7 @@ impl RedisTier {
         &self,
         writes: &[WriteBack<'_>],
         more: usize,
-    ) -> Result<(Pipeline, Option<Vec<Vec<Part>>>)> {
+    ) -> Result<(Pipeline, Parts)> {
         let mut pipe = Pipeline::with_capacity(writes.len() + more);
         let parts = self.writeback_into(writes, |cmd, _| {
             pipe.add_command(cmd);
@@ -794,7 +791,7 @@ impl RedisTier {
         &self,
         writes: &[WriteBack<'_>],
         mut add: impl FnMut(Cmd, &str),
-    ) -> Result<Option<Vec<Vec<Part>>>> {
+    ) -> Result<Parts> {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let mut parts = writes
             .iter()
