@@ -42,6 +42,7 @@ fn failure_of(name: &str) -> Option<RedisFailure> {
         "ReadOnly" => RedisFailure::ReadOnly,
         "Loading" => RedisFailure::Loading,
         "MalformedReply" => RedisFailure::MalformedReply,
+        "ClusterUnavailable" => RedisFailure::ClusterUnavailable,
         "Other" => RedisFailure::Other,
         _ => return None,
     })

@@ -296,6 +296,11 @@ pub enum RedisFailure {
     /// `-MOVED`/`-ASK` redirect still stood after the client's retries. The
     /// node refused the command before running it.
     ClusterUnavailable,
+    /// Not asked: on a Redis Cluster, the master of the key's slot failed a
+    /// call moments ago, so the check was answered at once instead of
+    /// waiting on it again (see `tierlimit_redis`'s crate docs, "Redis
+    /// Cluster"). Nothing was sent.
+    NodeDown,
     /// The reply did not have the shape the script promises.
     MalformedReply,
     /// Any other server or client error.
@@ -313,6 +318,7 @@ impl fmt::Display for RedisFailure {
             RedisFailure::ReadOnly => "read-only replica (READONLY)",
             RedisFailure::Loading => "loading dataset (LOADING)",
             RedisFailure::ClusterUnavailable => "cluster slot unavailable",
+            RedisFailure::NodeDown => "the slot's master failed moments ago (not asked)",
             RedisFailure::MalformedReply => "malformed reply",
             RedisFailure::Other => "error",
         })
@@ -350,7 +356,8 @@ impl RedisFailure {
             | RedisFailure::OutOfMemory
             | RedisFailure::ReadOnly
             | RedisFailure::Loading
-            | RedisFailure::ClusterUnavailable => false,
+            | RedisFailure::ClusterUnavailable
+            | RedisFailure::NodeDown => false,
         }
     }
 }

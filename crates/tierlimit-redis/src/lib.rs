@@ -83,6 +83,7 @@ mod cluster;
 mod command;
 mod config;
 mod failure;
+mod nodes;
 mod reconcile;
 mod script;
 mod stripe;

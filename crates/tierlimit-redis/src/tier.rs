@@ -14,7 +14,8 @@ use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 use tierlimit_core::{
-    Clock, Error, MAX_EXACT, Result, RuleSet, SystemClock, escape_key, stripe_key, validate_key,
+    Clock, Error, MAX_EXACT, RedisFailure, Result, RuleSet, SystemClock, escape_key, stripe_key,
+    validate_key,
 };
 
 use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
@@ -22,11 +23,21 @@ use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slo
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
+use crate::nodes::{Nodes, SlotMap};
 use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::CHECK_BATCH;
 use crate::stripe::{first_stripe, stripe_set};
 use crate::verdict::parse_verdict;
 use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSource, Verdict};
+
+/// On a Cluster, how long a master that failed a call is not asked: checks of
+/// its slots get [`RedisFailure::NodeDown`] at once meanwhile. Long enough
+/// that a dead master costs one deadline per half second, not one per check;
+/// short enough that a master that only hiccuped is back at once.
+pub(crate) const NODE_DOWN_FOR: Duration = Duration::from_millis(500);
+
+/// How often the slot map is read while a master is down.
+const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
 
 /// The global tier: checks rule sets on Redis with the scripts in `lua/`.
 ///
@@ -86,6 +97,12 @@ struct Inner {
     reconcile_loaded: AtomicBool,
     /// Checks waiting for the call in flight (see `batch.rs`).
     batcher: Batcher,
+    /// On a Cluster: which master serves each slot, and which failed lately.
+    nodes: Nodes,
+    /// A task reads the slot map again (see [`RedisTier::refresh_slots`]).
+    refreshing: AtomicBool,
+    /// The origin of the monotonic µs the down marks are kept in.
+    origin: std::time::Instant,
 }
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
@@ -144,6 +161,9 @@ impl RedisTier {
                 replaced: AtomicU64::new(0),
                 reconcile_loaded: AtomicBool::new(false),
                 batcher: Batcher::new(config.max_batch),
+                nodes: Nodes::new(NODE_DOWN_FOR),
+                refreshing: AtomicBool::new(false),
+                origin: std::time::Instant::now(),
             }),
         })
     }
@@ -225,6 +245,13 @@ impl RedisTier {
                 counts_call: false,
             };
         }
+        // Not a call: a breaker must not count it.
+        if let Some(down) = self.node_down(key.escaped()) {
+            return Checked {
+                result: Err(down),
+                counts_call: false,
+            };
+        }
         let now = self.now_arg();
         let nonce = fastrand::u64(..);
         let batcher = &self.inner.batcher;
@@ -283,7 +310,11 @@ impl RedisTier {
         let reply = self
             .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot)))
             .await
-            .map_err(Failure::into_error)?;
+            .map_err(|failure| {
+                self.node_failed(slot, &failure);
+                failure.into_error()
+            })?;
+        self.node_answered(slot);
         parse_verdict(reply, set)
     }
 
@@ -351,6 +382,10 @@ impl RedisTier {
                     send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
                 })
                 .await;
+            match &reply {
+                Ok(_) => self.node_answered(slot),
+                Err(failure) => self.node_failed(slot, failure),
+            }
             vec![
                 reply
                     .map_err(Failure::into_error)
@@ -363,6 +398,10 @@ impl RedisTier {
                     send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd, slot))
                 })
                 .await;
+            match &reply {
+                Ok(_) => self.node_answered(slot),
+                Err(failure) => self.node_failed(slot, failure),
+            }
             match reply {
                 Ok(Value::Array(items)) if items.len() == batch.len() => items
                     .into_iter()
@@ -633,6 +672,10 @@ impl RedisTier {
                         pipeline_scripts(c, scripts, pipe, &mut replies, Some(*slot))
                     })
                     .await;
+                match &outcome {
+                    Ok(()) => self.node_answered(*slot),
+                    Err(failure) => self.node_failed(*slot, failure),
+                }
                 (replies, outcome.err())
             })
             .collect();
@@ -749,6 +792,9 @@ impl RedisTier {
         cost: u64,
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
+        if let Some(down) = self.node_down(key.escaped()) {
+            return Err(down);
+        }
         let both = async {
             let written = self.reconcile(writes).await?;
             let verdict = self.check_key(key, set, cost).await.result?;
@@ -917,6 +963,107 @@ impl RedisTier {
             cost,
             fastrand::u64(..),
         ))
+    }
+
+    /// On a Cluster, when the master of `escaped`'s slot failed a call
+    /// moments ago: the error a check of it answers at once, unsent.
+    fn node_down(&self, escaped: &str) -> Option<Error> {
+        if !self.inner.backend.is_cluster() {
+            return None;
+        }
+        let slot = check_slot(escaped);
+        let addr = self.inner.nodes.down(slot, self.monotonic_us())?;
+        Some(Error::redis(
+            RedisFailure::NodeDown,
+            Some(format!("master {addr} of slot {slot} failed a call moments ago").into()),
+        ))
+    }
+
+    /// A call for `slot` failed: on a Cluster, when the fault is the node's
+    /// (no answer, refused, lost, or the cluster moving the slot), it counts
+    /// against its master (see `nodes.rs`: a few in a row mark it down for
+    /// [`NODE_DOWN_FOR`]) and the slot map is read again.
+    fn node_failed(&self, slot: u16, failure: &Failure) {
+        if !self.inner.backend.is_cluster() {
+            return;
+        }
+        let kind = match failure {
+            Failure::Timeout => Some(RedisFailure::Timeout),
+            Failure::Redis(_) => failure.to_error().redis_failure(),
+        };
+        if matches!(
+            kind,
+            Some(
+                RedisFailure::Timeout
+                    | RedisFailure::ConnectionRefused
+                    | RedisFailure::ConnectionLost
+                    | RedisFailure::ClusterUnavailable
+                    | RedisFailure::ReadOnly
+                    | RedisFailure::Loading
+            )
+        ) {
+            self.inner.nodes.failed(slot, self.monotonic_us());
+            self.refresh_slots();
+        }
+    }
+
+    /// A call for `slot` got its reply: on a Cluster, its master's failures
+    /// in a row start again.
+    fn node_answered(&self, slot: u16) {
+        if self.inner.backend.is_cluster() {
+            self.inner.nodes.succeeded(slot);
+        }
+    }
+
+    /// Reads the slot map (`CLUSTER SLOTS`, from any node) in a task of its
+    /// own, and again every [`SLOTS_REFRESH_EVERY`] while a master that serves
+    /// slots is down, so a promoted replica is asked as soon as the cluster
+    /// names it. One such task at a time; it ends when the tier is dropped.
+    fn refresh_slots(&self) {
+        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let tier = RedisTier { inner };
+                let reply = tier
+                    .call(|mut conn| async move {
+                        redis::cmd("CLUSTER")
+                            .arg("SLOTS")
+                            .query_async::<Value>(&mut conn)
+                            .await
+                    })
+                    .await;
+                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots) {
+                    tier.inner.nodes.replace(map);
+                }
+                if !tier.inner.nodes.any_down(tier.monotonic_us()) {
+                    tier.inner.refreshing.store(false, Ordering::Release);
+                    // A master marked down since the check above finds the
+                    // flag set and spawns nothing: take the flag back.
+                    if !tier.inner.nodes.any_down(tier.monotonic_us())
+                        || tier.inner.refreshing.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                }
+                drop(tier);
+                tokio::time::sleep(SLOTS_REFRESH_EVERY).await;
+            }
+        });
+    }
+
+    /// µs since the tier was made, on the monotonic clock.
+    fn monotonic_us(&self) -> u64 {
+        u64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// The hash slot of storage key `key` on a Cluster; 0 on one server,

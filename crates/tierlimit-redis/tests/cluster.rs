@@ -38,52 +38,15 @@ use tokio::task::JoinSet;
 
 use support::{client_time_tier, set, storage_key, tier};
 
-/// The `redis+cluster://` URL of `cluster`, every node a seed.
-fn cluster_url(cluster: &RedisCluster) -> String {
-    let seeds: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port()))
-        .collect();
-    format!("redis+cluster://{}/", seeds.join(","))
-}
-
-/// `per_master` user keys `<prefix><n>` on each of the three masters (by
-/// the slot of their real storage keys for `set`), asserting that the
-/// masters are three distinct ones: master index to its keys.
+/// `per_master` user keys `<prefix><n>` on each of the three masters, by
+/// the slot of their real storage keys for `set`.
 fn keys_on_every_master(
     cluster: &RedisCluster,
     set: &RuleSet,
     prefix: &str,
     per_master: usize,
 ) -> BTreeMap<usize, Vec<String>> {
-    let masters: Vec<usize> = {
-        let topology = cluster.topology();
-        let mut m: Vec<usize> = topology
-            .iter()
-            .filter(|(_, n)| n.master && !n.failed)
-            .map(|(i, _)| *i)
-            .collect();
-        m.sort_unstable();
-        m
-    };
-    assert_eq!(masters.len(), 3, "three masters");
-    let mut by_master: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for n in 0..10_000 {
-        let key = format!("{prefix}{n}");
-        let master = cluster.master_of(&storage_key(set, &key, 0));
-        let keys = by_master.entry(master).or_default();
-        if keys.len() < per_master {
-            keys.push(key);
-        }
-        if by_master.len() == 3 && by_master.values().all(|k| k.len() == per_master) {
-            break;
-        }
-    }
-    let found: Vec<usize> = by_master.keys().copied().collect();
-    assert_eq!(found, masters, "keys on every master");
-    assert!(by_master.values().all(|k| k.len() == per_master));
-    by_master
+    cluster.keys_on_every_master(prefix, per_master, |key| storage_key(set, key, 0))
 }
 
 /// One key on each master.
@@ -122,7 +85,7 @@ async fn calls_by_node(cluster: &RedisCluster, command: &str) -> Vec<u64> {
 async fn exact_bounds_and_atomicity_hold_on_every_master() {
     let _serial = tierlimit_test::serial().await;
     let cluster = RedisCluster::start();
-    let url = cluster_url(&cluster);
+    let url = cluster.cluster_url();
     let probe_set = set("k", [Rule::per_second(1).expect("valid")]);
     let keys = one_key_per_master(&cluster, &probe_set, "exact");
     let conn = reader(&cluster).await;
@@ -139,7 +102,7 @@ async fn exact_bounds_and_atomicity_hold_on_every_master() {
 async fn accuracy_holds_on_every_master() {
     let _serial = tierlimit_test::serial().await;
     let cluster = RedisCluster::start();
-    let url = cluster_url(&cluster);
+    let url = cluster.cluster_url();
     let probe_set = set("k", [Rule::per_second(1).expect("valid")]);
     let keys = one_key_per_master(&cluster, &probe_set, "hammered");
     accuracy::gcra_admits_exactly_its_rate(&url, &keys).await;
@@ -156,7 +119,7 @@ async fn accuracy_holds_on_every_master() {
 async fn nothing_crosses_slots() {
     let _serial = tierlimit_test::serial().await;
     let cluster = RedisCluster::start();
-    let url = cluster_url(&cluster);
+    let url = cluster.cluster_url();
     // Three rules of three algorithms: one script call, three keys, one slot.
     let limit = 40;
     let multi = set(
@@ -296,7 +259,7 @@ async fn nothing_crosses_slots() {
 async fn noscript_on_one_master_is_recovered() {
     let _serial = tierlimit_test::serial().await;
     let cluster = RedisCluster::start();
-    let url = cluster_url(&cluster);
+    let url = cluster.cluster_url();
     let clock = FakeClock::new(1_700_000_000_000_000);
     let tier = client_time_tier(&url, Arc::new(clock.clone()));
     let s = set("ns", [Rule::per_hour(100).expect("valid")]);
@@ -373,7 +336,7 @@ async fn a_killed_master_fails_over_under_load() {
             .await
             .expect("CONFIG SET cluster-require-full-coverage");
     }
-    let url = cluster_url(&cluster);
+    let url = cluster.cluster_url();
     let deadline = Duration::from_millis(100);
     let tier = RedisTier::new(RedisTierConfig::new(&url).deadline(deadline)).expect("valid");
     let s = set("fo", [Rule::per_second(1_000_000).expect("valid")]);
@@ -443,6 +406,12 @@ async fn a_killed_master_fails_over_under_load() {
     }
     eprintln!("victim key: {failed} failures {kinds:?}, slowest {slowest_failure:?}");
     assert!(failed > 0, "the kill was seen");
+    // A few failed calls in a row marked the dead master down: from then on
+    // its keys were answered at once, unsent, until its replica served.
+    assert!(
+        kinds.get("NodeDown").is_some_and(|&n| n > 0),
+        "the dead master was never marked down: {kinds:?}"
+    );
     // The node this test asks may learn of the promotion a little after the
     // client did (gossip): wait for it, bounded.
     let give_up = Instant::now() + Duration::from_secs(10);

@@ -110,6 +110,54 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The `redis+cluster://` URL tierlimit takes for this cluster, every
+    /// node a seed.
+    pub fn cluster_url(&self) -> String {
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}/", seeds.join(","))
+    }
+
+    /// `per_master` user keys `<prefix><n>` on each of the three masters,
+    /// placed by the slot of `storage_key(user key)` (a real storage key of
+    /// the rule set they are checked with); master index to its keys.
+    /// Panics unless there are three masters and each got its keys.
+    pub fn keys_on_every_master(
+        &self,
+        prefix: &str,
+        per_master: usize,
+        storage_key: impl Fn(&str) -> String,
+    ) -> std::collections::BTreeMap<usize, Vec<String>> {
+        let mut masters: Vec<usize> = self
+            .topology()
+            .iter()
+            .filter(|(_, n)| n.master && !n.failed)
+            .map(|(i, _)| *i)
+            .collect();
+        masters.sort_unstable();
+        assert_eq!(masters.len(), 3, "three masters");
+        let mut by_master: std::collections::BTreeMap<usize, Vec<String>> = Default::default();
+        for n in 0..10_000 {
+            let key = format!("{prefix}{n}");
+            let keys = by_master
+                .entry(self.master_of(&storage_key(&key)))
+                .or_default();
+            if keys.len() < per_master {
+                keys.push(key);
+            }
+            if by_master.len() == 3 && by_master.values().all(|k| k.len() == per_master) {
+                break;
+            }
+        }
+        let found: Vec<usize> = by_master.keys().copied().collect();
+        assert_eq!(found, masters, "keys on every master");
+        assert!(by_master.values().all(|k| k.len() == per_master));
+        by_master
+    }
+
     fn index_of_port(&self, port: u16) -> Option<usize> {
         self.nodes.iter().position(|n| n.port() == port)
     }

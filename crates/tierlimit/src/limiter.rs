@@ -5,7 +5,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
-    Clock, Decision, Error, Policy, Result, Rule, RuleSet, RuleState, SystemClock, Tier,
+    Clock, Decision, Error, Policy, RedisFailure, Result, Rule, RuleSet, RuleState, SystemClock,
+    Tier,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
@@ -703,7 +704,11 @@ impl HybridLimiter {
                     reconcile::settle(inner, &claims, written);
                     verdict
                 });
-            (result, true)
+            // A check answered at once because its Cluster master is down
+            // (`NodeDown`) was never sent: not a call for the breaker.
+            let sent =
+                !matches!(&result, Err(e) if e.redis_failure() == Some(RedisFailure::NodeDown));
+            (result, sent)
         };
         let latency = started.elapsed();
         inner.labels.redis_call(latency.as_secs_f64());

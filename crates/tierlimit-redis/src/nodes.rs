@@ -1,0 +1,321 @@
+//! On a Redis Cluster: which master serves each hash slot, and which masters
+//! failed a call lately.
+//!
+//! [`FAILURES_TO_MARK`] calls in a row that fail on a master mark it down
+//! for a short while (one call that passed its deadline while the client
+//! stalled does not). Until then, checks of keys in its slots fail at once, with no I/O
+//! ([`RedisFailure::NodeDown`](tierlimit_core::RedisFailure::NodeDown)), so
+//! they get their policy's answer without waiting, and keys on the other
+//! masters go on to Redis as before: one failed master never slows the
+//! others' keys. The map of slots comes from `CLUSTER SLOTS` and is read
+//! again while a master is down, so once its replica is promoted the slots
+//! point at the new master and their checks go to Redis again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use redis::Value;
+
+/// Hash slots of a Redis Cluster.
+pub(crate) const SLOTS: usize = 16_384;
+
+/// Calls in a row that must fail on a master before it is marked down.
+pub(crate) const FAILURES_TO_MARK: u32 = 3;
+
+/// No master is known for a slot.
+const UNKNOWN: u16 = u16::MAX;
+
+/// One master as `CLUSTER SLOTS` names it.
+#[derive(Debug)]
+struct Master {
+    /// `host:port`.
+    addr: String,
+    /// Until when (µs on the tier's monotonic clock) its slots fail at once;
+    /// 0 when it is not down.
+    down_until: AtomicU64,
+    /// Calls that failed on it since the last that did not.
+    failures: AtomicU32,
+}
+
+/// Slot -> master, as one `CLUSTER SLOTS` reply said.
+#[derive(Debug)]
+pub(crate) struct SlotMap {
+    masters: Vec<Master>,
+    /// Index into `masters` for each slot, or [`UNKNOWN`].
+    owner: Box<[u16]>,
+}
+
+impl SlotMap {
+    /// No slot known yet: every check goes to Redis.
+    pub(crate) fn empty() -> SlotMap {
+        SlotMap {
+            masters: Vec::new(),
+            owner: vec![UNKNOWN; SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// The map a `CLUSTER SLOTS` reply describes: each item is
+    /// `[start, end, [host, port, id, ...], replicas...]`. None when the reply
+    /// has another shape.
+    pub(crate) fn from_cluster_slots(reply: &Value) -> Option<SlotMap> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut map = SlotMap::empty();
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let (start, end, master) = match fields.as_slice() {
+                [Value::Int(start), Value::Int(end), Value::Array(master), ..] => {
+                    (*start, *end, master)
+                }
+                _ => return None,
+            };
+            let addr = match master.as_slice() {
+                [host, Value::Int(port), ..] => format!("{}:{port}", text(host)?),
+                _ => return None,
+            };
+            let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
+            if start > end || end >= SLOTS {
+                return None;
+            }
+            let index = match map.masters.iter().position(|m| m.addr == addr) {
+                Some(index) => index,
+                None => {
+                    map.masters.push(Master {
+                        addr,
+                        down_until: AtomicU64::new(0),
+                        failures: AtomicU32::new(0),
+                    });
+                    map.masters.len() - 1
+                }
+            };
+            let index = u16::try_from(index).ok().filter(|&i| i != UNKNOWN)?;
+            map.owner[start..=end].fill(index);
+        }
+        Some(map)
+    }
+
+    fn master(&self, slot: u16) -> Option<&Master> {
+        let index = *self.owner.get(usize::from(slot))?;
+        self.masters.get(usize::from(index))
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The slot map in force and the masters' down marks.
+#[derive(Debug)]
+pub(crate) struct Nodes {
+    map: ArcSwap<SlotMap>,
+    /// How long a master that failed a call stays down.
+    down_for: Duration,
+}
+
+impl Nodes {
+    pub(crate) fn new(down_for: Duration) -> Nodes {
+        Nodes {
+            map: ArcSwap::from_pointee(SlotMap::empty()),
+            down_for,
+        }
+    }
+
+    /// The address of the master down at `now` (µs) that serves `slot`, if it is.
+    pub(crate) fn down(&self, slot: u16, now: u64) -> Option<String> {
+        let map = self.map.load();
+        let master = map.master(slot)?;
+        (master.down_until.load(Ordering::Acquire) > now).then(|| master.addr.clone())
+    }
+
+    /// A call for `slot` failed at `now` (µs): after [`FAILURES_TO_MARK`]
+    /// in a row its master is down for a while (and again at each failure
+    /// after that, until a call succeeds). False when no master is known for
+    /// the slot.
+    pub(crate) fn failed(&self, slot: u16, now: u64) -> bool {
+        let map = self.map.load();
+        let Some(master) = map.master(slot) else {
+            return false;
+        };
+        if master.failures.fetch_add(1, Ordering::AcqRel) + 1 >= FAILURES_TO_MARK {
+            let down_for = u64::try_from(self.down_for.as_micros()).unwrap_or(u64::MAX);
+            master
+                .down_until
+                .fetch_max(now.saturating_add(down_for), Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// A call for `slot` succeeded: its master's failures in a row start again.
+    pub(crate) fn succeeded(&self, slot: u16) {
+        let map = self.map.load();
+        if let Some(master) = map.master(slot)
+            && master.failures.load(Ordering::Relaxed) != 0
+        {
+            master.failures.store(0, Ordering::Release);
+        }
+    }
+
+    /// True while some master that still serves slots is down at `now`.
+    pub(crate) fn any_down(&self, now: u64) -> bool {
+        let map = self.map.load();
+        map.masters
+            .iter()
+            .any(|m| m.down_until.load(Ordering::Acquire) > now)
+    }
+
+    /// Takes `fresh` as the map in force. A master in both keeps its down
+    /// mark; a master that serves no slot any more (failed over) is gone
+    /// with its mark, so its slots' new master is asked at once.
+    pub(crate) fn replace(&self, fresh: SlotMap) {
+        let old = self.map.load();
+        for master in &fresh.masters {
+            if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
+                master
+                    .down_until
+                    .store(before.down_until.load(Ordering::Acquire), Ordering::Release);
+                master
+                    .failures
+                    .store(before.failures.load(Ordering::Acquire), Ordering::Release);
+            }
+        }
+        self.map.store(Arc::new(fresh));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn range(start: i64, end: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
+            Value::Array(vec![
+                bulk("127.0.0.1"),
+                Value::Int(port + 1),
+                bulk("replica"),
+            ]),
+        ])
+    }
+
+    fn three_masters() -> SlotMap {
+        SlotMap::from_cluster_slots(&Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10922, 7002),
+            range(10923, 16383, 7004),
+        ]))
+        .expect("a CLUSTER SLOTS reply")
+    }
+
+    #[test]
+    fn a_cluster_slots_reply_maps_every_slot_to_its_master() {
+        let map = three_masters();
+        let addr = |slot| map.master(slot).map(|m| m.addr.clone());
+        assert_eq!(addr(0).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(addr(5460).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(addr(5461).as_deref(), Some("127.0.0.1:7002"));
+        assert_eq!(addr(16383).as_deref(), Some("127.0.0.1:7004"));
+        assert_eq!(map.masters.len(), 3);
+    }
+
+    #[test]
+    fn replies_of_another_shape_are_refused() {
+        for bad in [
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![range(10, 5, 7000)]),
+            Value::Array(vec![range(0, SLOTS as i64, 7000)]),
+            Value::Array(vec![Value::Array(vec![
+                Value::Int(0),
+                Value::Int(1),
+                Value::Array(vec![bulk("127.0.0.1")]),
+            ])]),
+        ] {
+            assert!(SlotMap::from_cluster_slots(&bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_master_is_down_for_its_own_slots_only_and_for_a_while() {
+        let nodes = Nodes::new(Duration::from_millis(500));
+        assert!(!nodes.failed(0, 0), "no map yet: nothing to mark");
+        nodes.replace(three_masters());
+        for _ in 1..FAILURES_TO_MARK {
+            assert!(nodes.failed(100, 1_000));
+            assert_eq!(nodes.down(100, 1_000), None, "not yet: fewer in a row");
+        }
+        assert!(nodes.failed(100, 1_000));
+        assert_eq!(nodes.down(5460, 1_000).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(nodes.down(5461, 1_000), None, "another master's slot");
+        assert_eq!(nodes.down(16383, 1_000), None, "another master's slot");
+        assert!(nodes.any_down(1_000));
+        assert!(
+            nodes.down(0, 500_999).is_some(),
+            "still down just before the end"
+        );
+        assert_eq!(nodes.down(0, 501_000), None, "asked again after the while");
+        assert!(!nodes.any_down(501_000));
+        // Still failing after the while: down again at once.
+        nodes.failed(0, 502_000);
+        assert!(nodes.down(0, 502_001).is_some());
+    }
+
+    #[test]
+    fn a_success_between_failures_keeps_the_master_up() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters());
+        for _ in 0..10 {
+            for _ in 1..FAILURES_TO_MARK {
+                nodes.failed(0, 0);
+            }
+            nodes.succeeded(1);
+        }
+        assert_eq!(nodes.down(0, 1), None, "never {FAILURES_TO_MARK} in a row");
+        // Another master's success does not reset this one's run.
+        for _ in 1..FAILURES_TO_MARK {
+            nodes.failed(0, 0);
+        }
+        nodes.succeeded(6_000);
+        nodes.failed(0, 0);
+        assert!(nodes.down(0, 1).is_some());
+    }
+
+    #[test]
+    fn a_new_map_keeps_marks_of_masters_it_keeps_and_drops_failed_over_ones() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters());
+        for _ in 0..FAILURES_TO_MARK {
+            nodes.failed(0, 0);
+            nodes.failed(6_000, 0);
+        }
+        // 7000's replica (7001) was promoted; 7002 is still down and serving.
+        nodes.replace(
+            SlotMap::from_cluster_slots(&Value::Array(vec![
+                range(0, 5460, 7001),
+                range(5461, 10922, 7002),
+                range(10923, 16383, 7004),
+            ]))
+            .expect("a CLUSTER SLOTS reply"),
+        );
+        assert_eq!(
+            nodes.down(0, 10),
+            None,
+            "the promoted replica is asked at once"
+        );
+        assert_eq!(nodes.down(6_000, 10).as_deref(), Some("127.0.0.1:7002"));
+    }
+}

@@ -1,0 +1,234 @@
+//! The hybrid limiter on a real Redis Cluster (3 masters + 3 replicas): a
+//! master killed under load costs only its own keys, and only until its
+//! replica is promoted.
+//!
+//! * Keys on the other masters stay on Redis, each decision within the
+//!   deadline + 15 ms, and the breaker never opens.
+//! * The dead master's keys get their policy's answer within the same bound:
+//!   after a few failed calls in a row the master is marked down and its keys
+//!   are answered at once (`NodeDown`), unsent.
+//! * Once the replica is promoted they are decided by Redis again, and what
+//!   the local tier admitted meanwhile is written back.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::{breaker, healthy};
+use tierlimit::{BreakerState, HybridLimiter, Instances, Policy, Rule, RuleSet, Tier};
+use tierlimit_test::RedisCluster;
+use tokio::task::JoinSet;
+
+const DEADLINE: Duration = Duration::from_millis(100);
+
+/// A fixed window of a million per natural day, its day starting 12 hours
+/// before now, so a test of seconds never crosses a window's end.
+fn daily() -> RuleSet {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64;
+    let mut offset = (43_200 - now.rem_euclid(86_400)).rem_euclid(86_400);
+    if offset >= 43_200 {
+        offset -= 86_400;
+    }
+    RuleSet::new(
+        "fo",
+        [Rule::per_natural_day(1_000_000, offset).expect("valid")],
+    )
+    .expect("valid")
+    .with_policy(Policy::LocalFallback)
+}
+
+/// What a run of checks of one key saw.
+#[derive(Debug, Default)]
+struct Seen {
+    by_tier: BTreeMap<String, u64>,
+    failures: BTreeMap<String, u64>,
+    local_admitted: u64,
+    slowest: Duration,
+}
+
+impl Seen {
+    fn add(&mut self, took: Duration, d: &tierlimit::Decision) {
+        self.slowest = self.slowest.max(took);
+        *self.by_tier.entry(format!("{:?}", d.tier)).or_default() += 1;
+        if let Some(f) = d.redis_failure {
+            *self.failures.entry(format!("{f:?}")).or_default() += 1;
+        }
+        if d.tier == Tier::Local && d.allowed {
+            self.local_admitted += 1;
+        }
+    }
+
+    fn count(&self, tier: &str) -> u64 {
+        self.by_tier.get(tier).copied().unwrap_or(0)
+    }
+}
+
+async fn checked(limiter: &HybridLimiter, set: &RuleSet, key: &str, seen: &mut Seen) -> Tier {
+    let start = Instant::now();
+    let d = limiter.check(key, set, 1).await.expect("valid input");
+    seen.add(start.elapsed(), &d);
+    d.tier
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_costs_only_its_own_keys_until_its_replica_serves() {
+    let _serial = tierlimit_test::serial().await;
+    let mut cluster = RedisCluster::start();
+    // The other masters go on serving while one slot range has no master
+    // (Redis's default stops them all: see the README, "Redis Cluster").
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query_async(&mut node.conn().await)
+            .await
+            .expect("CONFIG SET cluster-require-full-coverage");
+    }
+    let set = daily();
+    // Keys need no escaping, so a key is its own hash tag.
+    let by_master = cluster.keys_on_every_master("fo", 2, |key| set.storage_key(key, 0));
+    let (&victim, victim_keys) = by_master.iter().next().expect("a master");
+    let victim_keys = victim_keys.clone();
+    let healthy_keys: Vec<String> = by_master
+        .iter()
+        .filter(|(m, _)| **m != victim)
+        .flat_map(|(_, k)| k.clone())
+        .collect();
+    let limiter = healthy(
+        HybridLimiter::builder()
+            .redis_url(cluster.cluster_url())
+            .deadline(DEADLINE)
+            .breaker(breaker())
+            .instances(Instances::Fixed(1))
+            .heartbeat_every(Duration::from_millis(100)),
+    )
+    .await;
+    for key in by_master.values().flatten() {
+        let d = limiter.check(key, &set, 1).await.expect("valid input");
+        assert_eq!(d.tier, Tier::Redis, "{key} before the kill: {d:?}");
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bound = DEADLINE + Duration::from_millis(15);
+    let mut load = JoinSet::new();
+    for key in healthy_keys.iter().cloned() {
+        let (limiter, set, stop) = (Arc::clone(&limiter), set.clone(), Arc::clone(&stop));
+        load.spawn(async move {
+            let mut seen = Seen::default();
+            while !stop.load(Ordering::Relaxed) {
+                checked(&limiter, &set, &key, &mut seen).await;
+            }
+            (key, seen)
+        });
+    }
+    // The victim's keys in a task of their own, checked all along.
+    let victim_load = {
+        let (limiter, set, stop) = (Arc::clone(&limiter), set.clone(), Arc::clone(&stop));
+        let keys = victim_keys.clone();
+        tokio::spawn(async move {
+            let mut seen = Seen::default();
+            let mut breaker_opened = false;
+            while !stop.load(Ordering::Relaxed) {
+                for key in &keys {
+                    checked(&limiter, &set, key, &mut seen).await;
+                }
+                breaker_opened |= limiter.breaker_state() != BreakerState::Closed;
+                // A pace for the loop, not a wait for a condition.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (seen, breaker_opened)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.node_mut(victim).kill9();
+
+    // Until the victim's keys are decided by Redis again (its replica
+    // promoted), bounded.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let probe = &victim_keys[0];
+    let mut probe_seen = Seen::default();
+    let mut local_since_kill = false;
+    loop {
+        let tier = checked(&limiter, &set, probe, &mut probe_seen).await;
+        local_since_kill |= tier != Tier::Redis;
+        if local_since_kill && tier == Tier::Redis {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the victim's key was not decided by Redis again within 30 s: {probe_seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Decided by Redis again, and stays so, a while longer under load.
+    for _ in 0..20 {
+        assert_eq!(
+            checked(&limiter, &set, probe, &mut probe_seen).await,
+            Tier::Redis,
+            "{probe_seen:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (victim_seen, breaker_opened) = victim_load.await.expect("victim task");
+    eprintln!("victim keys: {victim_seen:?}; probe: {probe_seen:?}");
+
+    // The dead master's keys: the policy's answer (LocalFallback) within the
+    // bound, at once once their master was marked down.
+    assert!(victim_seen.count("Local") > 0, "{victim_seen:?}");
+    assert!(
+        victim_seen.failures.get("NodeDown").is_some_and(|&n| n > 0),
+        "the dead master was never marked down: {victim_seen:?}"
+    );
+    assert!(
+        victim_seen.slowest <= bound && probe_seen.slowest <= bound,
+        "a decision of the victim's keys took longer than {bound:?}: {victim_seen:?} {probe_seen:?}"
+    );
+    assert!(!breaker_opened, "one master down opened the breaker");
+
+    let mut local_admitted = victim_seen.local_admitted + probe_seen.local_admitted;
+    while let Some(done) = load.join_next().await {
+        let (key, seen) = done.expect("load task");
+        eprintln!("{key}: {seen:?}");
+        let redis = seen.count("Redis");
+        let other: u64 = seen.by_tier.values().sum::<u64>() - redis;
+        // redis-rs holds requests while it rebuilds its slot map after the
+        // failure: a handful of healthy keys' calls pass their deadline then
+        // (seen: 2 of ~3,500) and get the policy's answer; nothing else.
+        assert!(
+            other <= 5 + redis / 100,
+            "{key} on a healthy master was not decided by Redis {other} times: {seen:?}"
+        );
+        assert!(
+            seen.failures.keys().all(|f| f == "Timeout"),
+            "{key} on a healthy master: {seen:?}"
+        );
+        assert!(seen.slowest <= bound, "{key}: {seen:?}");
+        assert!(redis > 0, "{key}: {seen:?}");
+        local_admitted += seen.local_admitted;
+    }
+
+    // What the local tier admitted reaches Redis: the ledger drains (bounded
+    // wait) and every unit is acknowledged.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while limiter.local().ledger().units() > 0 {
+        assert!(
+            Instant::now() < give_up,
+            "{} units still owed to Redis",
+            limiter.local().ledger().units()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(local_admitted > 0, "nothing was admitted locally");
+    assert_eq!(
+        limiter.reconcile_stats().reconciled_units,
+        local_admitted,
+        "every unit admitted locally was written back"
+    );
+}
