@@ -39,6 +39,24 @@ const ALGORITHMS: [&str; 5] = [
 ];
 const DECIDE: &str = include_str!("../../../crates/tierlimit-redis/lua/decide.lua");
 const BATCH_MAIN: &str = include_str!("../../../crates/tierlimit-redis/lua/check_batch.lua");
+const CHECK_MAIN: &str = include_str!("../../../crates/tierlimit-redis/lua/check.lua");
+
+/// A GCRA check written minimally as a script of its own (check.lua's KEYS
+/// and ARGV): one GET, one SET PX.
+const MINIMAL_ONE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local key = KEYS[1]
+local tat = tonumber(redis.call('GET', key)) or now
+if tat < now then tat = now end
+tat = tat + 1000
+local rel = tat - now
+if rel <= 1000000 then
+  redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil(rel / 1000)))
+  return { 1, 0, 0, now, math.floor((1000000 - rel) / 1000), rel }
+end
+return { 0, 0, rel - 1000000, now, 0, rel }
+";
 
 /// A GCRA check written minimally in the batch script's loop (same KEYS and
 /// ARGV): one GET, one SET PX per check, the reply check.lua gives.
@@ -158,7 +176,7 @@ fn variants() -> Vec<(&'static str, String)> {
 
 /// Durations in µs of the `EVALSHA` calls the slow log holds, by script
 /// hash; empties it.
-fn drain_slowlog(conn: &mut redis::Connection, shas: &[String], into: &mut [Vec<f64>]) {
+fn drain_slowlog(conn: &mut redis::Connection, shas: &[(String, f64)], into: &mut [Vec<f64>]) {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(-1)
@@ -180,8 +198,8 @@ fn drain_slowlog(conn: &mut redis::Connection, shas: &[String], into: &mut [Vec<
         let Some(redis::Value::BulkString(sha)) = args.get(1) else {
             continue;
         };
-        if let Some(v) = shas.iter().position(|s| s.as_bytes() == sha.as_slice()) {
-            into[v].push(*us as f64 / BATCH as f64);
+        if let Some(v) = shas.iter().position(|s| s.0.as_bytes() == sha.as_slice()) {
+            into[v].push(*us as f64 / shas[v].1);
         }
     }
 }
@@ -197,7 +215,20 @@ fn main() {
     let server = RedisServer::start();
     let client = server.client();
     let mut conn = client.get_connection().expect("a connection");
-    let variants = variants();
+    let mut variants = variants();
+    let batch_variants = variants.len();
+    let mut single = String::from(COMMON);
+    for alg in ALGORITHMS {
+        single.push_str(alg);
+    }
+    single.push_str(DECIDE);
+    single.push_str(CHECK_MAIN);
+    variants.push(("shipped check script, 1 check per call", single));
+    variants.push(("minimal GCRA script, 1 check per call", MINIMAL_ONE.into()));
+    variants.push((
+        "`return 1`, 1 check per call",
+        "return 1 -- one check per call".into(),
+    ));
     let mut shas = Vec::new();
     for (name, src) in &variants {
         let sha: String = redis::cmd("SCRIPT")
@@ -205,7 +236,12 @@ fn main() {
             .arg(src)
             .query(&mut conn)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        shas.push(sha);
+        let checks = if shas.len() < batch_variants {
+            BATCH
+        } else {
+            1
+        };
+        shas.push((sha, checks as f64));
     }
     // Every command goes to the slow log with its own server time.
     for (k, v) in [
@@ -229,7 +265,16 @@ fn main() {
         // Variants interleaved call by call, so noise from the machine falls
         // on all of them alike.
         for _ in 0..CALLS {
-            for (v, sha) in shas.iter().enumerate() {
+            for (sha, _) in &shas[batch_variants..] {
+                serial += 1;
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha).arg(1);
+                cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
+                cmd.arg("0").arg(1).arg(42);
+                cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
+                let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
+            }
+            for (v, (sha, _)) in shas[..batch_variants].iter().enumerate() {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(sha).arg(BATCH);
                 for _ in 0..BATCH {
@@ -255,9 +300,9 @@ fn main() {
     }
     let mut md = String::from("## Where a check's server time goes\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"this part costs\" is the row's median minus the next row's. Rows from the minimal loop down are floors, not tierlimit's decision.\n\n"
+        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The last three rows are one check per call, interleaved with the others: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments.\n\n"
     ));
-    md.push_str("| variant (cumulative) | µs per check (p10–p90) | this part costs |\n");
+    md.push_str("| variant (cumulative) | µs per check (p10–p90) | µs saved |\n");
     md.push_str("|---|---:|---:|\n");
     let meds: Vec<f64> = per_check.iter().map(|v| median(v.clone())).collect();
     for (v, (name, _)) in variants.iter().enumerate() {
@@ -265,9 +310,9 @@ fn main() {
         sorted.sort_by(f64::total_cmp);
         let lo = sorted[sorted.len() / 10];
         let hi = sorted[sorted.len() * 9 / 10];
-        let part = match meds.get(v + 1) {
-            Some(next) => format!("{:.2}", meds[v] - next),
-            None => "–".to_string(),
+        let part = match v.checked_sub(1) {
+            Some(before) if v != batch_variants => format!("{:.2}", meds[before] - meds[v]),
+            _ => "–".to_string(),
         };
         md.push_str(&format!(
             "| {name} | {:.2} ({lo:.2}–{hi:.2}) | {part} |\n",
