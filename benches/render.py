@@ -19,6 +19,21 @@ from pathlib import Path
 
 BENCHES = ["local", "breaker", "allocations", "script_cost", "tower"]
 
+# How to read the script-parts table (benches/src/bin/script-parts.rs).
+PARTS_NOTES = [
+    'Reading it: inside a batch, the shipped script costs about 1.7x the minimal '
+    'GET + SET PX loop per GCRA check (1.9-2.0x before the two cuts of branch '
+    '`functions`). Of the rest, the argument checks are about 1 µs, the pcalls, '
+    "the TAT string and the other algorithms' definitions a few tenths each; the "
+    'largest share (3.4-4.8 µs) is the generic decision itself (per check: the '
+    'layout and argument tables, check_keys, call_now, the dispatch through '
+    'CHECKS/COMMITS, the reply tables). Alone (one check per call), the check '
+    "script costs 2.4-2.9x the minimal script: there the call's fixed part "
+    'dominates, re-creating every function of the joined file on each EVALSHA, '
+    'which is what Redis Functions (loaded once) would remove.',
+    "",
+]
+
 # What the load bench's missed targets come from (issue 11), as measured
 # beside it; the numbers above are this run's, these are the reasons.
 LOAD_NOTES = [
@@ -356,6 +371,10 @@ def main():
         *raw_table(ratios),
         "",
     ]
+    # The script's server time by part (benches/src/bin/script-parts.rs).
+    parts_md = Path(args.results_dir) / "script_parts.md"
+    if parts_md.exists():
+        md += [parts_md.read_text(), *PARTS_NOTES]
     # The load bench writes its own section (benches/src/bin/redis-load.rs).
     load_md = Path(args.results_dir) / "redis_load.md"
     if load_md.exists():

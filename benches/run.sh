@@ -28,7 +28,7 @@ echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknow
 
 # Build first, so the bench time below is the benches' alone.
 cargo bench -p tierlimit-benches --no-run
-cargo build --release -p tierlimit-benches --bin redis-load
+cargo build --release -p tierlimit-benches --bin redis-load --bin script-parts
 
 commands=()
 start=$(date +%s)
@@ -38,6 +38,11 @@ for bench in local breaker allocations script_cost tower; do
     echo "=== $cmd" >&2
     $cmd
 done
+# Where a check's server time goes (writes script_parts.md).
+cmd="cargo run --release -p tierlimit-benches --bin script-parts"
+commands+=("$cmd")
+echo "=== $cmd" >&2
+$cmd >/dev/null
 # The load bench (writes redis_load.md and benches/redis-load-sweep.svg).
 cmd="cargo run --release -p tierlimit-benches --bin redis-load"
 commands+=("$cmd")

@@ -74,9 +74,40 @@ local function check_capacity(cost, cost_s, i, capacity)
   end
 end
 
+-- The reply of a read that failed: WRONGTYPE names the key (nothing was
+-- written); any other error is raised as it came.
+local function read_failed(k0, i, code, err)
+  local text = type(err) == 'table' and err.err or tostring(err)
+  if string.sub(text, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. (k0 + i)
+      .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
+  end
+  error(err)
+end
+
+-- decide() for a rule set of one rule (the common case), without the
+-- per-rule tables: the same reply, the rule being the deciding one.
+local function decide_one(k0, a, now, cost, nonce)
+  local code = a[1]
+  local key = KEYS[k0 + 1]
+  local read, ok, remaining, reset, retry, state = pcall(CHECKS[code], key, now, cost, a[2], a[3],
+    a[4], a[5])
+  if not read then
+    return read_failed(k0, 1, code, ok)
+  end
+  if ok then
+    COMMITS[code](key, now, cost, nonce, state)
+    return { 1, 0, 0, now, remaining, reset }
+  end
+  return { 0, 0, retry, now, remaining, reset }
+end
+
 -- Decides a request whose arguments passed the checks above: args[i] holds
 -- rule i's { code, limit, period, capacity, offset }.
 local function decide(k0, rules, args, now, cost, nonce)
+  if rules == 1 then
+    return decide_one(k0, args[1], now, cost, nonce)
+  end
   local outcome = {}
   local allowed = true
   for i = 1, rules do
@@ -88,12 +119,7 @@ local function decide(k0, rules, args, now, cost, nonce)
     local read, ok, remaining, reset, retry, state, reset_now = pcall(CHECKS[code], key, now,
       cost, a[2], a[3], a[4], a[5])
     if not read then
-      local err = type(ok) == 'table' and ok.err or tostring(ok)
-      if string.sub(err, 1, 9) == 'WRONGTYPE' then
-        return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. (k0 + i)
-          .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
-      end
-      error(ok)
+      return read_failed(k0, i, code, ok)
     end
     outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
     allowed = allowed and ok

@@ -72,8 +72,13 @@ end
 -- full again.
 local function gcra_store(key, now, rel, limit)
   local whole = math.floor(rel)
-  -- '%.17f' never prints an exponent; drop its leading '0'.
-  local frac = string.sub(string.format('%.17f', rel - whole), 2)
+  -- '%.17f' never prints an exponent; drop its leading '0'. A whole TAT (an
+  -- interval of whole microseconds) is written without a fraction: the same
+  -- value, read back the same by gcra_load, without the format.
+  local frac = ''
+  if rel > whole then
+    frac = string.sub(string.format('%.17f', rel - whole), 2)
+  end
   local ttl_ms = math.max(1, math.ceil((rel - GCRA_SLACK_US) / 1000))
   redis.call('SET', key, string.format('%d', now + whole) .. frac .. '@'
     .. string.format('%d', limit), 'PX', string.format('%d', ttl_ms))

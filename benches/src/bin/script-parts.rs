@@ -1,0 +1,328 @@
+//! Where a check's server time goes: the batch and the single check script,
+//! measured whole and with one part taken away at a time (cumulatively), on
+//! one private `redis-server`.
+//!
+//! ```sh
+//! cargo run --release -p tierlimit-benches --bin script-parts            # 7 rounds
+//! cargo run --release -p tierlimit-benches --bin script-parts -- --quick # 3 rounds
+//! ```
+//!
+//! Each variant is the shipped Lua with one more part removed by a textual
+//! edit of its source (see `variants`), so the difference between two
+//! adjacent rows is what that part costs. Every call is a batch of
+//! `BATCH` GCRA checks (1000/s, burst 1000, the load bench's rule) on fresh
+//! keys, server time; each call's own server time (`SLOWLOG`, with every
+//! command logged) ÷ checks is the µs per check. Variants are interleaved
+//! call by call; the table holds the median over all calls. The variants after "no TAT string" are not tierlimit's
+//! decision any more: they are floors (a minimal GET + SET PX per check, the
+//! loop alone, an empty script).
+//!
+//! Output: the section "Where a check's server time goes" of `BENCHMARKS.md`,
+//! on stdout and in `<out>/script_parts.md` (`<out>` is `$TIERLIMIT_BENCH_OUT`
+//! or `target/tierlimit-benches`), which `benches/render.py` puts in.
+
+use redis::Commands as _;
+use tierlimit_test::RedisServer;
+
+/// Checks per batch call (the load bench's batches at c = 50 hold 10-30).
+const BATCH: usize = 100;
+/// Calls per variant and round.
+const CALLS: usize = 100;
+
+const COMMON: &str = include_str!("../../../crates/tierlimit-redis/lua/common.lua");
+const ALGORITHMS: [&str; 5] = [
+    include_str!("../../../crates/tierlimit-redis/lua/gcra.lua"),
+    include_str!("../../../crates/tierlimit-redis/lua/token_bucket.lua"),
+    include_str!("../../../crates/tierlimit-redis/lua/sliding_log.lua"),
+    include_str!("../../../crates/tierlimit-redis/lua/sliding_window.lua"),
+    include_str!("../../../crates/tierlimit-redis/lua/fixed_window.lua"),
+];
+const DECIDE: &str = include_str!("../../../crates/tierlimit-redis/lua/decide.lua");
+const BATCH_MAIN: &str = include_str!("../../../crates/tierlimit-redis/lua/check_batch.lua");
+const CHECK_MAIN: &str = include_str!("../../../crates/tierlimit-redis/lua/check.lua");
+
+/// A GCRA check written minimally as a script of its own (check.lua's KEYS
+/// and ARGV): one GET, one SET PX.
+const MINIMAL_ONE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local key = KEYS[1]
+local tat = tonumber(redis.call('GET', key)) or now
+if tat < now then tat = now end
+tat = tat + 1000
+local rel = tat - now
+if rel <= 1000000 then
+  redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil(rel / 1000)))
+  return { 1, 0, 0, now, math.floor((1000000 - rel) / 1000), rel }
+end
+return { 0, 0, rel - 1000000, now, 0, rel }
+";
+
+/// A GCRA check written minimally in the batch script's loop (same KEYS and
+/// ARGV): one GET, one SET PX per check, the reply check.lua gives.
+const MINIMAL_LOOP: &str = r"
+local n = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {}
+for j = 1, n do
+  local key = KEYS[j]
+  local tat = tonumber(redis.call('GET', key)) or now
+  if tat < now then tat = now end
+  tat = tat + 1000
+  local rel = tat - now
+  if rel <= 1000000 then
+    redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil(rel / 1000)))
+    out[j] = { 1, 0, 0, now, math.floor((1000000 - rel) / 1000), rel }
+  else
+    out[j] = { 0, 0, rel - 1000000, now, 0, rel }
+  end
+end
+return out
+";
+
+/// The same loop and reply without the two `redis.call`s.
+const EMPTY_LOOP: &str = r"
+local n = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {}
+for j = 1, n do
+  local key = KEYS[j]
+  local rel = 1000
+  out[j] = { 1, 0, 0, now, math.floor((1000000 - rel) / 1000), rel }
+end
+return out
+";
+
+/// `from` replaced by `to` in `src`, which must contain it.
+fn edit(src: &str, from: &str, to: &str) -> String {
+    assert!(
+        src.contains(from),
+        "the variant's edit no longer applies: {from:?}"
+    );
+    src.replace(from, to)
+}
+
+/// (what the row has removed, source), cumulative.
+fn variants() -> Vec<(&'static str, String)> {
+    let joined = |common: &str, gcra: &str, decide: &str, main: &str| {
+        let mut s = String::from(common);
+        s.push_str(gcra);
+        for alg in &ALGORITHMS[1..] {
+            s.push_str(alg);
+        }
+        s.push_str(decide);
+        s.push_str(main);
+        s
+    };
+    let full = joined(COMMON, ALGORITHMS[0], DECIDE, BATCH_MAIN);
+    // 1. Argument checks: every int_arg is a bare tonumber.
+    let common1 = edit(
+        COMMON,
+        "local function int_arg(script, name, s, min, max)\n",
+        "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
+    );
+    let no_checks = joined(&common1, ALGORITHMS[0], DECIDE, BATCH_MAIN);
+    // 2. The pcall per check (batch) and per rule (decide).
+    let decide2 = edit(
+        DECIDE,
+        "pcall(CHECKS[code], key, now,",
+        "true, CHECKS[code](key, now,",
+    );
+    let main2 = edit(BATCH_MAIN, "pcall(batch_one, l[1]", "true, batch_one(l[1]");
+    let no_pcall = joined(&common1, ALGORITHMS[0], &decide2, &main2);
+    // 3. The "<TAT>@<limit>" string: store the integer TAT only.
+    let gcra3 = edit(
+        ALGORITHMS[0],
+        "string.sub(string.format('%.17f', rel - whole), 2)",
+        "''",
+    );
+    let gcra3 = edit(
+        &gcra3,
+        "string.format('%d', now + whole) .. frac .. '@'\n    .. string.format('%d', limit)",
+        "string.format('%d', now + whole)",
+    );
+    let no_string = joined(&common1, &gcra3, &decide2, &main2);
+    // 4. The four other algorithms' definitions (re-created on every call).
+    let mut gcra_only = String::from(&common1);
+    gcra_only.push_str(&gcra3);
+    for name in [
+        "token_bucket",
+        "sliding_log",
+        "sliding_window",
+        "fixed_window",
+    ] {
+        gcra_only.push_str(&format!(
+            "local function {name}_check() end\nlocal function {name}_commit() end\n"
+        ));
+    }
+    gcra_only.push_str(&decide2);
+    gcra_only.push_str(&main2);
+    vec![
+        ("shipped batch script", full),
+        ("- argument checks (int_arg = tonumber)", no_checks),
+        ("- pcall per check and per rule", no_pcall),
+        ("- TAT string (integer TAT, no '@limit')", no_string),
+        ("- the other four algorithms' definitions", gcra_only),
+        ("minimal GCRA loop (GET + SET PX)", MINIMAL_LOOP.to_string()),
+        (
+            "loop and reply only (no redis.call)",
+            EMPTY_LOOP.to_string(),
+        ),
+        ("`return 1` with the same arguments", "return 1".to_string()),
+    ]
+}
+
+/// Durations in µs of the `EVALSHA` calls the slow log holds, by script
+/// hash; empties it.
+fn drain_slowlog(conn: &mut redis::Connection, shas: &[(String, f64)], into: &mut [Vec<f64>]) {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(conn)
+        .expect("SLOWLOG GET");
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query(conn)
+        .expect("SLOWLOG RESET");
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let Some(redis::Value::BulkString(sha)) = args.get(1) else {
+            continue;
+        };
+        if let Some(v) = shas.iter().position(|s| s.0.as_bytes() == sha.as_slice()) {
+            into[v].push(*us as f64 / shas[v].1);
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 3 } else { 7 };
+    let server = RedisServer::start();
+    let client = server.client();
+    let mut conn = client.get_connection().expect("a connection");
+    let mut variants = variants();
+    let batch_variants = variants.len();
+    let mut single = String::from(COMMON);
+    for alg in ALGORITHMS {
+        single.push_str(alg);
+    }
+    single.push_str(DECIDE);
+    single.push_str(CHECK_MAIN);
+    variants.push(("shipped check script, 1 check per call", single));
+    variants.push(("minimal GCRA script, 1 check per call", MINIMAL_ONE.into()));
+    variants.push((
+        "`return 1`, 1 check per call",
+        "return 1 -- one check per call".into(),
+    ));
+    let mut shas = Vec::new();
+    for (name, src) in &variants {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(src)
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let checks = if shas.len() < batch_variants {
+            BATCH
+        } else {
+            1
+        };
+        shas.push((sha, checks as f64));
+    }
+    // Every command goes to the slow log with its own server time.
+    for (k, v) in [
+        ("slowlog-log-slower-than", "0"),
+        ("slowlog-max-len", "100000"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query(&mut conn)
+            .expect("CONFIG SET");
+    }
+    let mut per_check: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut serial = 0u64;
+    for _ in 0..rounds {
+        let _: () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query(&mut conn)
+            .expect("SLOWLOG RESET");
+        // Variants interleaved call by call, so noise from the machine falls
+        // on all of them alike.
+        for _ in 0..CALLS {
+            for (sha, _) in &shas[batch_variants..] {
+                serial += 1;
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha).arg(1);
+                cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
+                cmd.arg("0").arg(1).arg(42);
+                cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
+                let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
+            }
+            for (v, (sha, _)) in shas[..batch_variants].iter().enumerate() {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha).arg(BATCH);
+                for _ in 0..BATCH {
+                    serial += 1;
+                    cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
+                }
+                cmd.arg(BATCH).arg(1).arg(1);
+                cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
+                for j in 0..BATCH {
+                    cmd.arg(1).arg("0").arg(1).arg(j);
+                }
+                let reply: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
+                if v == 0 {
+                    assert!(
+                        matches!(&reply, redis::Value::Array(r) if r.len() == BATCH),
+                        "the shipped script answers every check: {reply:?}"
+                    );
+                }
+            }
+        }
+        drain_slowlog(&mut conn, &shas, &mut per_check);
+        let _: () = conn.flushall().expect("FLUSHALL");
+    }
+    let mut md = String::from("## Where a check's server time goes\n\n");
+    md.push_str(&format!(
+        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The last three rows are one check per call, interleaved with the others: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments.\n\n"
+    ));
+    md.push_str("| variant (cumulative) | µs per check (p10–p90) | µs saved |\n");
+    md.push_str("|---|---:|---:|\n");
+    let meds: Vec<f64> = per_check.iter().map(|v| median(v.clone())).collect();
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let mut sorted = per_check[v].clone();
+        sorted.sort_by(f64::total_cmp);
+        let lo = sorted[sorted.len() / 10];
+        let hi = sorted[sorted.len() * 9 / 10];
+        let part = match v.checked_sub(1) {
+            Some(before) if v != batch_variants => format!("{:.2}", meds[before] - meds[v]),
+            _ => "–".to_string(),
+        };
+        md.push_str(&format!(
+            "| {name} | {:.2} ({lo:.2}–{hi:.2}) | {part} |\n",
+            meds[v]
+        ));
+    }
+    print!("{md}");
+    let dir = std::env::var_os("TIERLIMIT_BENCH_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("target/tierlimit-benches"));
+    std::fs::create_dir_all(&dir).expect("the output folder");
+    std::fs::write(dir.join("script_parts.md"), md).expect("script_parts.md");
+}
