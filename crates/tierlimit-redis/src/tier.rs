@@ -308,13 +308,11 @@ impl RedisTier {
         let cmd = &command::check(set, escaped, now, cost, nonce);
         let slot = self.slot_of_check(escaped);
         let reply = self
-            .call(|conn| send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot)))
+            .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
+                send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
+            })
             .await
-            .map_err(|failure| {
-                self.node_failed(slot, &failure);
-                failure.into_error()
-            })?;
-        self.node_answered(slot);
+            .map_err(Failure::into_error)?;
         parse_verdict(reply, set)
     }
 
@@ -378,14 +376,10 @@ impl RedisTier {
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
             let cmd = &command::check(&q.set, &q.escaped, q.now, q.cost, q.nonce);
             let reply = self
-                .call_on(&self.inner.conn, budget, |conn| {
+                .call_slot(&self.inner.conn, budget, slot, |conn| {
                     send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
                 })
                 .await;
-            match &reply {
-                Ok(_) => self.node_answered(slot),
-                Err(failure) => self.node_failed(slot, failure),
-            }
             vec![
                 reply
                     .map_err(Failure::into_error)
@@ -394,14 +388,10 @@ impl RedisTier {
         } else {
             let cmd = &command::check_batch(&batch);
             let reply = self
-                .call_on(&self.inner.conn, budget, |conn| {
+                .call_slot(&self.inner.conn, budget, slot, |conn| {
                     send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd, slot))
                 })
                 .await;
-            match &reply {
-                Ok(_) => self.node_answered(slot),
-                Err(failure) => self.node_failed(slot, failure),
-            }
             match reply {
                 Ok(Value::Array(items)) if items.len() == batch.len() => items
                     .into_iter()
@@ -668,14 +658,10 @@ impl RedisTier {
             .map(|((slot, _), pipe)| async move {
                 let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
                 let outcome = self
-                    .call_on(conn, self.inner.deadline, |c| {
+                    .call_slot(conn, self.inner.deadline, *slot, |c| {
                         pipeline_scripts(c, scripts, pipe, &mut replies, Some(*slot))
                     })
                     .await;
-                match &outcome {
-                    Ok(()) => self.node_answered(*slot),
-                    Err(failure) => self.node_failed(*slot, failure),
-                }
                 (replies, outcome.err())
             })
             .collect();
@@ -1136,6 +1122,28 @@ impl RedisTier {
             Ok(Err(e)) => Err(Failure::Redis(e)),
             Err(_) => Err(Failure::Timeout),
         }
+    }
+
+    /// [`call_on`](Self::call_on) for keys in hash `slot`: on a Cluster its
+    /// outcome counts for or against the slot's master (see
+    /// [`node_failed`](Self::node_failed)).
+    async fn call_slot<T, F, Fut>(
+        &self,
+        conn: &ArcSwapOption<Conn>,
+        budget: Duration,
+        slot: u16,
+        op: F,
+    ) -> std::result::Result<T, Failure>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let outcome = self.call_on(conn, budget, op).await;
+        match &outcome {
+            Ok(_) => self.node_answered(slot),
+            Err(failure) => self.node_failed(slot, failure),
+        }
+        outcome
     }
 
     /// The connection in `slot`, created lazily (no I/O here: it connects on

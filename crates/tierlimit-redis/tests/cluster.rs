@@ -327,15 +327,7 @@ async fn a_killed_master_fails_over_under_load() {
     // Redis's default (`yes`) stops every master answering (`CLUSTERDOWN`)
     // while any slot is unserved; a rate limiter's cluster wants the other
     // masters to go on (the setting the crate docs recommend).
-    for node in cluster.nodes() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .query_async(&mut node.conn().await)
-            .await
-            .expect("CONFIG SET cluster-require-full-coverage");
-    }
+    cluster.serve_partial_coverage().await;
     let url = cluster.cluster_url();
     let deadline = Duration::from_millis(100);
     let tier = RedisTier::new(RedisTierConfig::new(&url).deadline(deadline)).expect("valid");

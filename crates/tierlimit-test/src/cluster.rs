@@ -110,6 +110,22 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// Sets `cluster-require-full-coverage no` on every node, as tierlimit's
+    /// README asks: the masters go on serving their slots while another
+    /// master's have none (Redis's default stops them all). Panics when a
+    /// node refuses.
+    pub async fn serve_partial_coverage(&self) {
+        for node in &self.nodes {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-require-full-coverage")
+                .arg("no")
+                .query_async(&mut node.conn().await)
+                .await
+                .expect("CONFIG SET cluster-require-full-coverage no");
+        }
+    }
+
     /// The `redis+cluster://` URL tierlimit takes for this cluster, every
     /// node a seed.
     pub fn cluster_url(&self) -> String {
