@@ -91,8 +91,38 @@ impl RedisCluster {
             "the cluster did not serve every slot within {SERVING_TIMEOUT:?}: {:?}",
             cluster.topology()
         );
+        cluster.wait_roles_agreed();
         cluster.wait_replicas_synced();
         cluster
+    }
+
+    /// Waits until every node's `CLUSTER NODES` shows three masters and
+    /// three replicas: a new replica's role reaches the others by gossip, a
+    /// moment after every slot is served. Panics after the start timeout.
+    fn wait_roles_agreed(&self) {
+        let end = Instant::now() + SERVING_TIMEOUT;
+        loop {
+            let views: Vec<(usize, usize)> = self
+                .nodes
+                .iter()
+                .map(|node| {
+                    let text: String =
+                        query(node, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+                    let nodes: Vec<ClusterNode> = text.lines().filter_map(parse_node).collect();
+                    let masters = nodes.iter().filter(|n| n.master).count();
+                    (masters, nodes.len() - masters)
+                })
+                .collect();
+            if views.iter().all(|&view| view == (MASTERS, MASTERS)) {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "the nodes do not agree on 3 masters and 3 replicas within \
+                 {SERVING_TIMEOUT:?}: (masters, replicas) per node {views:?}"
+            );
+            sleep(Duration::from_millis(20));
+        }
     }
 
     /// The nodes, by index.
