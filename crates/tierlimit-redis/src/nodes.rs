@@ -18,8 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use redis::Value;
 
-/// Hash slots of a Redis Cluster.
-pub(crate) const SLOTS: usize = 16_384;
+use crate::cluster::SLOTS;
 
 /// Calls in a row that must fail on a master before it is marked down.
 pub(crate) const FAILURES_TO_MARK: u32 = 3;
@@ -52,7 +51,7 @@ impl SlotMap {
     pub(crate) fn empty() -> SlotMap {
         SlotMap {
             masters: Vec::new(),
-            owner: vec![UNKNOWN; SLOTS].into_boxed_slice(),
+            owner: vec![UNKNOWN; usize::from(SLOTS)].into_boxed_slice(),
         }
     }
 
@@ -79,7 +78,7 @@ impl SlotMap {
                 _ => return None,
             };
             let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
-            if start > end || end >= SLOTS {
+            if start > end || end >= usize::from(SLOTS) {
                 return None;
             }
             let index = match map.masters.iter().position(|m| m.addr == addr) {
@@ -238,7 +237,7 @@ mod tests {
             Value::Int(1),
             Value::Array(vec![Value::Int(1)]),
             Value::Array(vec![range(10, 5, 7000)]),
-            Value::Array(vec![range(0, SLOTS as i64, 7000)]),
+            Value::Array(vec![range(0, i64::from(SLOTS), 7000)]),
             Value::Array(vec![Value::Array(vec![
                 Value::Int(0),
                 Value::Int(1),

@@ -34,7 +34,7 @@ use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSour
 /// its slots get [`RedisFailure::NodeDown`] at once meanwhile. Long enough
 /// that a dead master costs one deadline per half second, not one per check;
 /// short enough that a master that only hiccuped is back at once.
-pub(crate) const NODE_DOWN_FOR: Duration = Duration::from_millis(500);
+const NODE_DOWN_FOR: Duration = Duration::from_millis(500);
 
 /// How often the slot map is read while a master is down.
 const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
