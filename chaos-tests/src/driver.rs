@@ -41,6 +41,63 @@ pub enum Action {
     /// once (its load starts without a lead and ends with the others'),
     /// logging to [`restarted_log`]: a rolling restart's new process.
     StartApp(usize),
+    /// SIGKILL the victim master of a cluster (`docker kill`); it stays down,
+    /// so its replica is promoted.
+    KillMaster,
+    /// Hang the victim master (SIGSTOP, `docker pause`): long enough, and its
+    /// replica is promoted; resumed, it rejoins as a replica.
+    PauseMaster,
+    /// Let a hung victim master go on (SIGCONT, `docker unpause`).
+    ResumeMaster,
+    /// `CLUSTER FAILOVER` on the victim's replica: a manual failover that
+    /// loses no write.
+    FailoverMaster,
+}
+
+/// A cluster as the controller reaches it: where its nodes are, and which
+/// master the cluster faults hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterTarget {
+    /// Every node's `host:port`, reachable from the controller, by index.
+    pub nodes: Vec<String>,
+    /// The index of the victim master.
+    pub victim: usize,
+    /// The index of its replica, which a failover promotes.
+    pub replica: usize,
+}
+
+/// The cluster whose nodes are at `nodes` (by index), aimed at the master
+/// serving `victim_key` and its replica.
+pub(crate) fn aim(nodes: Vec<String>, victim_key: &str) -> Result<ClusterTarget, String> {
+    let first = nodes.first().ok_or("a cluster without nodes")?;
+    let slot: u16 =
+        tierlimit_test::query_node(first, redis::cmd("CLUSTER").arg("KEYSLOT").arg(victim_key))
+            .map_err(|e| format!("CLUSTER KEYSLOT on {first}: {e}"))?;
+    let view = tierlimit_test::cluster_nodes(first)
+        .map_err(|e| format!("CLUSTER NODES on {first}: {e}"))?;
+    let owner = tierlimit_test::slot_masters(first)
+        .map_err(|e| format!("CLUSTER SLOTS on {first}: {e}"))?
+        .into_iter()
+        .find(|(range, _)| range.contains(&slot))
+        .map(|(_, addr)| addr)
+        .ok_or_else(|| format!("no master serves slot {slot}"))?;
+    let index = |addr: &str| nodes.iter().position(|n| n == addr);
+    let victim = index(&owner).ok_or_else(|| format!("the master {owner} is none of {nodes:?}"))?;
+    let victim_id = view
+        .iter()
+        .find(|n| n.addr == owner)
+        .map(|n| n.id.clone())
+        .ok_or_else(|| format!("CLUSTER NODES does not list {owner}"))?;
+    let replica = view
+        .iter()
+        .find(|n| n.master_id.as_deref() == Some(victim_id.as_str()))
+        .and_then(|n| index(&n.addr))
+        .ok_or_else(|| format!("the master {owner} has no replica among {nodes:?}"))?;
+    Ok(ClusterTarget {
+        nodes,
+        victim,
+        replica,
+    })
 }
 
 /// The log of the `generation`-th new process of the app whose first log is
@@ -62,6 +119,13 @@ pub trait Driver {
     /// A URL the controller (this process) reaches Redis at, for filling memory
     /// and reading keys back. Fresh after every action: it may change.
     fn controller_url(&mut self) -> Result<String, String>;
+    /// Starts a fresh Redis Cluster of 3 masters and 3 replicas that serves
+    /// every slot, with `cluster-require-full-coverage no` (the README asks it
+    /// of users: the other masters go on serving while one master's slots
+    /// have none), makes the master serving `victim_key` the target of the
+    /// cluster actions, and returns the apps' `redis+cluster://` URL with the
+    /// controller's view of the cluster.
+    fn start_cluster(&mut self, victim_key: &str) -> Result<(String, ClusterTarget), String>;
     /// Starts one app per plan; their logs go to each plan's `out`, which must
     /// be under `dir`.
     fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String>;

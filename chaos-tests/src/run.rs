@@ -1,7 +1,7 @@
 //! Runs one scenario with a driver: start Redis and the apps, make the fault on
 //! time, heal it, collect the logs and read Redis back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +9,7 @@ use tierlimit_core::escape_key;
 use tierlimit_test::MemoryFiller;
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
-use crate::driver::{Action, Driver, restarted_log};
+use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
 use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
 
@@ -52,6 +52,112 @@ fn sleep_until(start_us: u64, at_us: u64) {
     let now = unix_us();
     if start_us + at_us > now {
         std::thread::sleep(Duration::from_micros(start_us + at_us - now));
+    }
+}
+
+/// A cluster scenario's cluster, as the controller follows it.
+#[derive(Debug)]
+struct ClusterRun {
+    target: ClusterTarget,
+    /// The slot of the victim's first key.
+    victim_slot: u16,
+    /// (stream, key index) of every key the victim master served at the start.
+    victim_keys: HashSet<(usize, usize)>,
+    /// When the victim's replica was first seen serving `victim_slot`, µs
+    /// since the run's start.
+    promoted_at: Option<u64>,
+}
+
+impl ClusterRun {
+    /// Finds which keys the victim serves (by the slot of each key's storage
+    /// key) and checks every stream has keys on it and on the other masters.
+    fn new(
+        target: ClusterTarget,
+        storage: &dyn Fn(usize, usize) -> String,
+        keys: usize,
+    ) -> Result<Self, String> {
+        let node = &target.nodes[target.replica];
+        let masters =
+            tierlimit_test::slot_masters(node).map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+        let victim_addr = &target.nodes[target.victim];
+        let slot_of = |key: &str| -> Result<u16, String> {
+            tierlimit_test::query_node(node, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+                .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))
+        };
+        let mut victim_keys = HashSet::new();
+        for stream in 0..crate::plan::STREAMS.len() {
+            for k in 0..keys {
+                let slot = slot_of(&storage(stream, k))?;
+                if masters
+                    .iter()
+                    .any(|(range, addr)| range.contains(&slot) && addr == victim_addr)
+                {
+                    victim_keys.insert((stream, k));
+                }
+            }
+            let on_victim = victim_keys.iter().filter(|(s, _)| *s == stream).count();
+            if on_victim == 0 || on_victim == keys {
+                return Err(format!(
+                    "stream {stream} has {on_victim} of its {keys} keys on the victim master: a cluster scenario needs some on it and some elsewhere"
+                ));
+            }
+        }
+        Ok(ClusterRun {
+            victim_slot: slot_of(&storage(2, 0))?,
+            target,
+            victim_keys,
+            promoted_at: None,
+        })
+    }
+
+    /// Notes the promotion once the replica serves the victim's slot.
+    fn watch(&mut self, start_us: u64) {
+        if self.promoted_at.is_some() {
+            return;
+        }
+        let replica = &self.target.nodes[self.target.replica];
+        let serves = tierlimit_test::slot_masters(replica).is_ok_and(|masters| {
+            masters
+                .iter()
+                .any(|(range, addr)| range.contains(&self.victim_slot) && addr == replica)
+        });
+        if serves {
+            self.promoted_at = Some(unix_us() - start_us);
+        }
+    }
+
+    /// The natural-day counter of a storage key, read from its slot's master.
+    fn count(&self, storage: &str) -> Result<u64, String> {
+        let node = &self.target.nodes[self.target.replica];
+        let slot: u16 =
+            tierlimit_test::query_node(node, redis::cmd("CLUSTER").arg("KEYSLOT").arg(storage))
+                .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))?;
+        let owner = tierlimit_test::slot_masters(node)
+            .map_err(|e| format!("CLUSTER SLOTS: {e}"))?
+            .into_iter()
+            .find(|(range, _)| range.contains(&slot))
+            .map(|(_, addr)| addr)
+            .ok_or_else(|| format!("no master serves slot {slot} at the end"))?;
+        let c: Option<u64> =
+            tierlimit_test::query_node(&owner, redis::cmd("HGET").arg(storage).arg("c"))
+                .map_err(|e| format!("reading {storage} back from {owner}: {e}"))?;
+        Ok(c.unwrap_or(0))
+    }
+}
+
+/// Sleeps until `at_us` after the run's start; meanwhile, in a cluster
+/// scenario, watches for the replica's promotion every 10 ms.
+fn pause_until(start_us: u64, at_us: u64, cluster: &mut Option<ClusterRun>) {
+    let Some(cluster) = cluster.as_mut() else {
+        return sleep_until(start_us, at_us);
+    };
+    loop {
+        cluster.watch(start_us);
+        let now = unix_us();
+        if now >= start_us + at_us {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros((start_us + at_us - now).min(10_000)));
     }
 }
 
@@ -136,7 +242,18 @@ fn run_inner(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let (warm, fault_ms, after) = sc.phases.unwrap_or_else(|| cfg.phases());
-    let redis_url = driver.start_redis(sc.oom)?;
+    let mut cluster = None;
+    let redis_url = if sc.cluster {
+        // A storage key's slot is its user key's: the UTC offset is not in it.
+        let sets = rule_sets(0, sc.edge).map_err(|e| e.to_string())?;
+        let storage =
+            |stream: usize, k: usize| sets[stream].storage_key(&escape_key(&key(stream, k)), 0);
+        let (url, target) = driver.start_cluster(&storage(2, 0))?;
+        cluster = Some(ClusterRun::new(target, &storage, sc.keys)?);
+        url
+    } else {
+        driver.start_redis(sc.oom)?
+    };
     let mut start_unix_ms = unix_us() / 1_000 + cfg.lead_ms;
     if sc.edge {
         // The load starts at a boundary of the 2 s windows, so every fault
@@ -212,13 +329,14 @@ fn run_inner(
     let mut steps = sc.fault.clone();
     steps.sort_by_key(|(at, _)| *at);
     let mut next_tick = warm + 1_000;
+    let mut master_lost = None;
     for (at, action) in steps {
         while next_tick < warm + at {
-            sleep_until(start_us, next_tick * 1_000);
+            pause_until(start_us, next_tick * 1_000, &mut cluster);
             tell("fault");
             next_tick += 1_000;
         }
-        sleep_until(start_us, (warm + at) * 1_000);
+        pause_until(start_us, (warm + at) * 1_000, &mut cluster);
         let asked = unix_us() - start_us;
         driver.act(action)?;
         let done = unix_us() - start_us;
@@ -236,15 +354,16 @@ fn run_inner(
                 data_lost_at = Some(done);
                 redis_losses.push((asked, done));
             }
+            Action::KillMaster | Action::PauseMaster => master_lost = Some((asked, done)),
             _ => {}
         }
     }
     while next_tick < warm + fault_ms {
-        sleep_until(start_us, next_tick * 1_000);
+        pause_until(start_us, next_tick * 1_000, &mut cluster);
         tell("fault");
         next_tick += 1_000;
     }
-    sleep_until(start_us, (warm + fault_ms) * 1_000);
+    pause_until(start_us, (warm + fault_ms) * 1_000, &mut cluster);
     for action in &sc.heal {
         let asked = unix_us() - start_us;
         driver.act(*action)?;
@@ -272,7 +391,7 @@ fn run_inner(
         killed.push((current[app], unix_us() - start_us));
     }
     while next_tick < warm + fault_ms + after {
-        sleep_until(start_us, next_tick * 1_000);
+        pause_until(start_us, next_tick * 1_000, &mut cluster);
         tell("recovery");
         next_tick += 1_000;
     }
@@ -281,18 +400,24 @@ fn run_inner(
 
     // Read back the natural-day counter of every local-fallback key.
     let set = &rule_sets(day_offset_s, sc.edge).map_err(|e| e.to_string())?[2];
-    let mut conn = redis::Client::open(driver.controller_url()?)
-        .and_then(|c| c.get_connection())
-        .map_err(|e| format!("reading Redis back: {e}"))?;
+    let storage = |k: usize| set.storage_key(&escape_key(&key(2, k)), day_rule(sc.edge));
     let mut redis_counts = HashMap::new();
-    for k in 0..sc.keys {
-        let storage = set.storage_key(&escape_key(&key(2, k)), day_rule(sc.edge));
-        let c: Option<u64> = redis::cmd("HGET")
-            .arg(&storage)
-            .arg("c")
-            .query(&mut conn)
-            .map_err(|e| e.to_string())?;
-        redis_counts.insert(k, c.unwrap_or(0));
+    if let Some(cluster) = &cluster {
+        for k in 0..sc.keys {
+            redis_counts.insert(k, cluster.count(&storage(k))?);
+        }
+    } else {
+        let mut conn = redis::Client::open(driver.controller_url()?)
+            .and_then(|c| c.get_connection())
+            .map_err(|e| format!("reading Redis back: {e}"))?;
+        for k in 0..sc.keys {
+            let c: Option<u64> = redis::cmd("HGET")
+                .arg(storage(k))
+                .arg("c")
+                .query(&mut conn)
+                .map_err(|e| e.to_string())?;
+            redis_counts.insert(k, c.unwrap_or(0));
+        }
     }
     let logs: Vec<AppLog> = log_paths.iter().map(|p| AppLog::read(p)).collect();
     let ctx = Context {
@@ -310,8 +435,11 @@ fn run_inner(
             redis_losses,
             killed,
             start_unix_us: start_us,
+            master_lost,
+            promoted_at: cluster.as_ref().and_then(|c| c.promoted_at),
         },
         redis_counts,
+        victim_keys: cluster.map(|c| c.victim_keys).unwrap_or_default(),
     };
     Ok(judge(&ctx, &logs))
 }

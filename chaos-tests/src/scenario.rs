@@ -37,6 +37,12 @@ pub struct Scenario {
     /// hour, see [`crate::plan::EDGE_WINDOW_LIMIT`]), and every window of each
     /// rule is judged, not only windows wholly inside an outage.
     pub edge: bool,
+    /// Runs against a Redis Cluster of 3 masters and 3 replicas instead of one
+    /// Redis; the fault hits one master (the victim: the one serving the
+    /// local-fallback stream's first key). Judged by the cluster bounds: the
+    /// keys of the other masters stay on Redis, the victim's keys follow their
+    /// policy until its replica is promoted and return to Redis after.
+    pub cluster: bool,
 }
 
 impl Scenario {
@@ -53,6 +59,7 @@ impl Scenario {
             fast_trip: false,
             phases: None,
             edge: false,
+            cluster: false,
         }
     }
 }
@@ -195,5 +202,48 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
                 vec![],
             )
         },
+        // The cluster scenarios of issue 14: the fault hits one master of
+        // three. A cluster fails a master over after its node timeout (1 s)
+        // and an election, so their fault phases are their own.
+        Scenario {
+            outage: false,
+            cluster: true,
+            keys: CLUSTER_KEYS,
+            phases: Some((1_500, 4_000, 2_500)),
+            ..Scenario::new(
+                "cluster-master-killed",
+                "Redis Cluster: SIGKILL one master under load; its replica is promoted",
+                vec![(0, KillMaster)],
+                vec![],
+            )
+        },
+        Scenario {
+            outage: false,
+            cluster: true,
+            keys: CLUSTER_KEYS,
+            phases: Some((1_500, 4_000, 2_500)),
+            ..Scenario::new(
+                "cluster-master-paused",
+                "Redis Cluster: SIGSTOP one master for 4 s; its replica is promoted, and the old master rejoins as a replica",
+                vec![(0, PauseMaster)],
+                vec![ResumeMaster],
+            )
+        },
+        Scenario {
+            outage: false,
+            cluster: true,
+            keys: CLUSTER_KEYS,
+            phases: Some((1_500, 2_500, 2_000)),
+            ..Scenario::new(
+                "cluster-failover",
+                "Redis Cluster: CLUSTER FAILOVER of one master to its replica under load",
+                vec![(0, FailoverMaster)],
+                vec![],
+            )
+        },
     ]
 }
+
+/// Keys per stream in the cluster scenarios: enough that every stream has
+/// keys on the victim master and on the others (the controller checks).
+const CLUSTER_KEYS: usize = 6;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tierlimit_test::Fault;
 
-use super::{Action, Driver};
+use super::{Action, ClusterTarget, Driver};
 use crate::plan::AppPlan;
 use crate::proxy;
 
@@ -41,6 +41,8 @@ const PROXY_CONTROL_PORT: &str = "7000/tcp";
 const MOUNT: &str = "/chaos";
 /// App services in the compose file.
 const APP_SERVICES: usize = 3;
+/// Cluster node services in the compose file (`node0`..`node5`, profile `cluster`).
+const CLUSTER_NODES: usize = 6;
 /// How long Redis gets to answer PING after it is started.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The compose label holding a container's or network's project name.
@@ -83,6 +85,11 @@ struct Project {
     plans: Vec<(AppPlan, usize)>,
     /// Containers of new processes (`StartApp`): (app, id, killed).
     restarted: Vec<(usize, String, bool)>,
+    /// Redis as the apps reach it: through the proxy, or the cluster's nodes.
+    app_url: String,
+    /// The cluster's node containers, by index, and the cluster aimed at its
+    /// victim (the cluster scenarios).
+    cluster: Option<(Vec<String>, ClusterTarget)>,
 }
 
 impl Default for DockerDriver {
@@ -363,12 +370,10 @@ impl DockerDriver {
     }
 }
 
-impl Driver for DockerDriver {
-    fn name(&self) -> &'static str {
-        "docker"
-    }
-
-    fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
+impl DockerDriver {
+    /// Tears down the last project and starts naming a new one; refuses when
+    /// images are missing and must not be pulled.
+    fn new_project(&mut self, redis_args: String, app_url: String) -> Result<(), String> {
         self.teardown();
         // `pull_policy: never` is honoured by `docker compose` v2; docker-compose
         // 1.29 accepts it but still pulls a missing image. Refuse before that.
@@ -387,9 +392,6 @@ impl Driver for DockerDriver {
         }
         // Process-wide, so two drivers in one process never share a project.
         let n = PROJECTS.fetch_add(1, Ordering::Relaxed) + 1;
-        let redis_args = maxmemory
-            .map(|m| format!("--maxmemory {m} --maxmemory-policy noeviction"))
-            .unwrap_or_default();
         self.project = Some(Project {
             name: format!("{}x{n}", self.prefix),
             env: vec![("CHAOS_REDIS_ARGS".into(), redis_args)],
@@ -403,7 +405,38 @@ impl Driver for DockerDriver {
             dir: PathBuf::new(),
             plans: Vec::new(),
             restarted: Vec::new(),
+            app_url,
+            cluster: None,
         });
+        Ok(())
+    }
+
+    /// The container of the cluster's victim master, or of its replica with `replica`.
+    fn cluster_node(&mut self, replica: bool) -> Result<(String, String), String> {
+        let (ids, target) = self
+            .project()?
+            .cluster
+            .as_ref()
+            .ok_or("no cluster is started")?;
+        let i = if replica {
+            target.replica
+        } else {
+            target.victim
+        };
+        Ok((ids[i].clone(), target.nodes[i].clone()))
+    }
+}
+
+impl Driver for DockerDriver {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn start_redis(&mut self, maxmemory: Option<u64>) -> Result<String, String> {
+        let redis_args = maxmemory
+            .map(|m| format!("--maxmemory {m} --maxmemory-policy noeviction"))
+            .unwrap_or_default();
+        self.new_project(redis_args, APP_REDIS_URL.into())?;
         self.compose(&["up", "-d", "--no-deps", "redis", "proxy"]).map_err(|e| {
             format!(
                 "{e}\n(without a registry build the images first: chaos-tests/images/build.sh, and set CHAOS_REDIS_IMAGE and CHAOS_APP_IMAGE as chaos-tests/run.sh does)"
@@ -441,6 +474,69 @@ impl Driver for DockerDriver {
         Ok(format!("redis://{}/", self.controller_addr()?))
     }
 
+    fn start_cluster(&mut self, victim_key: &str) -> Result<(String, ClusterTarget), String> {
+        self.new_project(String::new(), String::new())?;
+        let services: Vec<String> = (0..CLUSTER_NODES).map(|i| format!("node{i}")).collect();
+        let mut args = vec!["up", "-d", "--no-deps"];
+        args.extend(services.iter().map(String::as_str));
+        self.compose(&args).map_err(|e| {
+            format!("{e}\n(without a registry build the images first: chaos-tests/images/build.sh)")
+        })?;
+        let ids = services
+            .iter()
+            .map(|s| self.container(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each node at its address on the project's network, which this
+        // host reaches directly (a Linux bridge) as the apps do: a cluster
+        // announces its nodes' own addresses, so no published port would do.
+        let mut nodes = Vec::new();
+        for id in &ids {
+            let ip = docker(&[
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}}\n{{end}}",
+                id,
+            ])?;
+            let ip = ip
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .ok_or_else(|| format!("cluster node {id} has no address: {ip:?}"))?;
+            let addr: SocketAddr = format!("{ip}:6379")
+                .parse()
+                .map_err(|e| format!("cluster node address {ip}: {e}"))?;
+            let end = Instant::now() + READY_TIMEOUT;
+            while !answers_ping(addr) {
+                if Instant::now() >= end {
+                    return Err(format!(
+                        "cluster node {addr} did not answer PING within {READY_TIMEOUT:?}; its log ends:\n{}",
+                        logs(id)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            nodes.push(addr.to_string());
+        }
+        tierlimit_test::create_cluster(&nodes)?;
+        for node in &nodes {
+            let _: () = tierlimit_test::query_node(
+                node,
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("cluster-require-full-coverage")
+                    .arg("no"),
+            )
+            .map_err(|e| format!("CONFIG SET on {node}: {e}"))?;
+        }
+        tierlimit_test::wait_cluster_ready(&nodes, Duration::from_secs(30))?;
+        let target = super::aim(nodes, victim_key)?;
+        let url = format!("redis+cluster://{}/", target.nodes.join(","));
+        let project = self.project()?;
+        project.app_url = url.clone();
+        project.cluster = Some((ids, target.clone()));
+        Ok((url, target))
+    }
+
     fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
         if plans.len() > APP_SERVICES {
             return Err(format!(
@@ -467,7 +563,7 @@ impl Driver for DockerDriver {
             }
             let mut inside = plan.clone();
             inside.out = Path::new(MOUNT).join(&rel);
-            inside.redis_url = APP_REDIS_URL.into();
+            inside.redis_url = self.project()?.app_url.clone();
             let json = serde_json::to_string_pretty(&inside).map_err(|e| e.to_string())?;
             let path = real_dir.join(&file);
             std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -574,6 +670,22 @@ impl Driver for DockerDriver {
                     .ok_or_else(|| format!("compose run printed no container for app {i}"))?
                     .to_string();
                 self.project()?.restarted.push((i, id, false));
+            }
+            Action::KillMaster => {
+                let (id, _) = self.cluster_node(false)?;
+                self.kill(&id)?;
+            }
+            Action::PauseMaster => {
+                docker(&["pause", &self.cluster_node(false)?.0])?;
+            }
+            Action::ResumeMaster => {
+                docker(&["unpause", &self.cluster_node(false)?.0])?;
+            }
+            Action::FailoverMaster => {
+                let (_, replica) = self.cluster_node(true)?;
+                let _: String =
+                    tierlimit_test::query_node(&replica, redis::cmd("CLUSTER").arg("FAILOVER"))
+                        .map_err(|e| format!("CLUSTER FAILOVER on {replica}: {e}"))?;
             }
             Action::ResetConnections => self.proxy_fault(Fault::Reset)?,
             Action::Latency(ms) => self.proxy_fault(Fault::Latency(Duration::from_millis(ms)))?,

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use tierlimit_test::{Fault, FaultProxy, RedisServer};
+use tierlimit_test::{Fault, FaultProxy, RedisCluster, RedisServer};
 
-use super::{Action, Driver};
+use super::{Action, ClusterTarget, Driver};
 use crate::plan::AppPlan;
 
 /// Runs everything as processes on this machine.
@@ -17,6 +17,8 @@ pub struct ProcessDriver {
     runtime: tokio::runtime::Runtime,
     redis: Option<RedisServer>,
     proxy: Option<FaultProxy>,
+    /// A cluster (the cluster scenarios), aimed at its victim master.
+    cluster: Option<(RedisCluster, ClusterTarget)>,
     apps: Vec<Child>,
     /// Every app's plan, by index, and how many new processes it had.
     plans: Vec<(AppPlan, usize)>,
@@ -42,6 +44,7 @@ impl ProcessDriver {
             runtime,
             redis: None,
             proxy: None,
+            cluster: None,
             apps: Vec::new(),
             plans: Vec::new(),
             restarted: Vec::new(),
@@ -52,6 +55,19 @@ impl ProcessDriver {
         self.redis
             .as_mut()
             .ok_or_else(|| "Redis is not started".to_string())
+    }
+
+    /// The cluster's victim master, or its replica with `replica`.
+    fn cluster_node(&mut self, replica: bool) -> Result<&mut RedisServer, String> {
+        let (cluster, target) = self
+            .cluster
+            .as_mut()
+            .ok_or_else(|| "no cluster is started".to_string())?;
+        Ok(cluster.node_mut(if replica {
+            target.replica
+        } else {
+            target.victim
+        }))
     }
 
     fn proxy(&self) -> Result<&FaultProxy, String> {
@@ -96,6 +112,23 @@ impl Driver for ProcessDriver {
         Ok(self.redis()?.url())
     }
 
+    fn start_cluster(&mut self, victim_key: &str) -> Result<(String, ClusterTarget), String> {
+        // The harness panics with what went wrong; a scenario that cannot
+        // start is an error of the run, not a crash of the controller.
+        let cluster = std::panic::catch_unwind(RedisCluster::start)
+            .map_err(|e| panic_message(&e, "the cluster did not start"))?;
+        self.runtime.block_on(cluster.serve_partial_coverage());
+        let nodes = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let target = super::aim(nodes, victim_key)?;
+        let url = cluster.cluster_url();
+        self.cluster = Some((cluster, target.clone()));
+        Ok((url, target))
+    }
+
     fn start_apps(&mut self, _dir: &Path, plans: &[AppPlan]) -> Result<(), String> {
         for plan in plans {
             let child = self.spawn(plan)?;
@@ -115,6 +148,17 @@ impl Driver for ProcessDriver {
             Action::ResetConnections => self.proxy()?.set(Fault::Reset),
             Action::Latency(ms) => self.proxy()?.set(Fault::Latency(Duration::from_millis(ms))),
             Action::RestoreNetwork | Action::ClearNetworkFault => self.proxy()?.set(Fault::None),
+            Action::KillMaster => self.cluster_node(false)?.kill9(),
+            Action::PauseMaster => self.cluster_node(false)?.pause(),
+            Action::ResumeMaster => self.cluster_node(false)?.resume(),
+            Action::FailoverMaster => {
+                let replica = self.cluster_node(true)?.port();
+                let _: String = tierlimit_test::query_node(
+                    &format!("127.0.0.1:{replica}"),
+                    redis::cmd("CLUSTER").arg("FAILOVER"),
+                )
+                .map_err(|e| format!("CLUSTER FAILOVER: {e}"))?;
+            }
             Action::KillApp(i) => {
                 // Its newest process.
                 let app = match self.restarted.iter_mut().rev().find(|(a, _)| *a == i) {
@@ -172,5 +216,16 @@ impl Driver for ProcessDriver {
         self.plans.clear();
         self.proxy = None;
         self.redis = None;
+        self.cluster = None;
     }
+}
+
+/// The message of a caught panic.
+fn panic_message(e: &Box<dyn std::any::Any + Send>, what: &str) -> String {
+    let text = e
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| e.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    format!("{what}: {text}")
 }

@@ -103,6 +103,33 @@ impl Conn {
         }
     }
 
+    /// Asks one node for `PONG`: the server, or on a Cluster the master of
+    /// `slot`, else a random node (redis-rs sends a plain `PING` to every
+    /// node, and one hung node would hold it up).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) async fn ping(&mut self, slot: Option<u16>) -> RedisResult<()> {
+        match self {
+            Conn::Single(conn) => redis::cmd("PING")
+                .query_async::<String>(conn)
+                .await
+                .map(drop),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let node = match slot {
+                    Some(slot) => {
+                        SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+                    }
+                    None => SingleNodeRoutingInfo::Random,
+                };
+                conn.route_command(redis::cmd("PING"), RoutingInfo::SingleNode(node))
+                    .await?
+                    .extract_error()
+                    .map(drop)
+            }
+        }
+    }
+
     /// Loads `script` where the command that met `NOSCRIPT` ran: on one
     /// server, there; on a Cluster, on the master of `slot` (the node that
     /// answered, unless the slot moved meanwhile; then the retried command

@@ -173,8 +173,10 @@ impl Nodes {
 
     /// Takes `fresh` as the map in force. A master in both keeps its down
     /// mark; a master that serves no slot any more (failed over) is gone
-    /// with its mark, so its slots' new master is asked at once.
-    pub(crate) fn replace(&self, fresh: SlotMap) {
+    /// with its mark, so its slots' new master is asked at once. Answers a
+    /// slot that has a new master in `fresh` (a failover or a resharding
+    /// happened since the old map was read), if one has.
+    pub(crate) fn replace(&self, fresh: SlotMap) -> Option<u16> {
         let old = self.map.load();
         for master in &fresh.masters {
             if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
@@ -186,7 +188,16 @@ impl Nodes {
                     .store(before.failures.load(Ordering::Acquire), Ordering::Release);
             }
         }
+        // A slot with no master in one map and one in the other counts too
+        // (a reply read while a failed master's slots were unserved), but
+        // not the first map of all.
+        let moved = (0..SLOTS).find(|&slot| match (old.master(slot), fresh.master(slot)) {
+            (Some(was), Some(now)) => was.addr != now.addr,
+            (None, Some(_)) => !old.masters.is_empty(),
+            (_, None) => false,
+        });
         self.map.store(Arc::new(fresh));
+        moved
     }
 }
 
@@ -252,7 +263,11 @@ mod tests {
     fn a_failed_master_is_down_for_its_own_slots_only_and_for_a_while() {
         let nodes = Nodes::new(Duration::from_millis(500));
         assert!(!nodes.failed(0, 0), "no map yet: nothing to mark");
-        nodes.replace(three_masters());
+        assert_eq!(
+            nodes.replace(three_masters()),
+            None,
+            "a first map moves no slot"
+        );
         for _ in 1..FAILURES_TO_MARK {
             assert!(nodes.failed(100, 1_000));
             assert_eq!(nodes.down(100, 1_000), None, "not yet: fewer in a row");
@@ -301,14 +316,23 @@ mod tests {
             nodes.failed(0, 0);
             nodes.failed(6_000, 0);
         }
+        assert_eq!(
+            nodes.replace(three_masters()),
+            None,
+            "the same map again moves no slot"
+        );
         // 7000's replica (7001) was promoted; 7002 is still down and serving.
-        nodes.replace(
-            SlotMap::from_cluster_slots(&Value::Array(vec![
-                range(0, 5460, 7001),
-                range(5461, 10922, 7002),
-                range(10923, 16383, 7004),
-            ]))
-            .expect("a CLUSTER SLOTS reply"),
+        assert_eq!(
+            nodes.replace(
+                SlotMap::from_cluster_slots(&Value::Array(vec![
+                    range(0, 5460, 7001),
+                    range(5461, 10922, 7002),
+                    range(10923, 16383, 7004),
+                ]))
+                .expect("a CLUSTER SLOTS reply"),
+            ),
+            Some(0),
+            "slots 0-5460 moved to another master"
         );
         assert_eq!(
             nodes.down(0, 10),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -35,6 +35,10 @@ use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSour
 /// that a dead master costs one deadline per half second, not one per check;
 /// short enough that a master that only hiccuped is back at once.
 const NODE_DOWN_FOR: Duration = Duration::from_millis(500);
+
+/// On a Cluster, how many `PING`s a replacement connection gets to answer
+/// (see [`RedisTier::replace_connection`]).
+const PING_TRIES: u32 = 3;
 
 /// How often the slot map is read while a master is down.
 const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -101,6 +105,9 @@ struct Inner {
     nodes: Nodes,
     /// A task reads the slot map again (see [`RedisTier::refresh_slots`]).
     refreshing: AtomicBool,
+    /// On a Cluster: 1 + a slot that moved to another master since the
+    /// connection was made, while no fresh one has replaced it yet; else 0.
+    renew: AtomicU32,
     /// The origin of the monotonic µs the down marks are kept in.
     origin: std::time::Instant,
 }
@@ -149,11 +156,13 @@ impl RedisTier {
     pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
         config.validate()?;
         let backend = backend_for(&config)?;
+        let replace_budget = config.connect_timeout
+            + config.deadline * if backend.is_cluster() { PING_TRIES } else { 1 };
         Ok(RedisTier {
             inner: Arc::new(Inner {
                 backend,
                 deadline: config.deadline,
-                replace_budget: config.connect_timeout + config.deadline,
+                replace_budget,
                 time_source: config.time_source,
                 conn: ArcSwapOption::empty(),
                 bulk: ArcSwapOption::empty(),
@@ -163,6 +172,7 @@ impl RedisTier {
                 batcher: Batcher::new(config.max_batch),
                 nodes: Nodes::new(NODE_DOWN_FOR),
                 refreshing: AtomicBool::new(false),
+                renew: AtomicU32::new(0),
                 origin: std::time::Instant::now(),
             }),
         })
@@ -897,6 +907,13 @@ impl RedisTier {
     /// makes a new one. The reconcile batches' connection is dropped at once
     /// either way: nothing waits on it, and the next batch connects afresh.
     pub fn replace_connection(&self) -> bool {
+        self.renew_connection(None)
+    }
+
+    /// [`replace_connection`](Self::replace_connection), with the fresh
+    /// connection's `PING` sent, on a Cluster, to the master of `slot` (a
+    /// node known to answer) rather than to a random node.
+    fn renew_connection(&self, slot: Option<u16>) -> bool {
         if self.inner.replacing.swap(true, Ordering::AcqRel) {
             return false;
         }
@@ -912,13 +929,24 @@ impl RedisTier {
             let _done = ClearOnDrop(&inner.replacing);
             let connect = async {
                 let fresh = inner.backend.connect_lazy()?;
-                let _: String = redis::cmd("PING").query_async(&mut fresh.clone()).await?;
+                // A new Cluster connection first tries every seed, each within
+                // the connect timeout, and a command sent meanwhile waits
+                // with them: one hung seed makes the first PING time out.
+                // Ask again (the budget allows for it).
+                let mut tries = PING_TRIES;
+                while let Err(e) = fresh.clone().ping(slot).await {
+                    tries -= 1;
+                    if tries == 0 || !inner.backend.is_cluster() {
+                        return Err(e);
+                    }
+                }
                 Ok::<_, RedisError>(fresh)
             };
             match tokio::time::timeout(inner.replace_budget, connect).await {
                 Ok(Ok(fresh)) => {
                     inner.conn.store(Some(Arc::new(fresh)));
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
+                    inner.renew.store(0, Ordering::Release);
                     tracing::info!("replaced the Redis connection");
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not replace the Redis connection"),
@@ -1028,16 +1056,29 @@ impl RedisTier {
                             .await
                     })
                     .await;
-                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots) {
-                    tier.inner.nodes.replace(map);
+                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots)
+                    && let Some(moved) = tier.inner.nodes.replace(map)
+                {
+                    // A slot has a new master. redis-rs learns that from a
+                    // MOVED or a failed connection, but a hung old master
+                    // sends neither: its calls would go on timing out there
+                    // until it answered again. A fresh connection reads the
+                    // slots anew; until one is in place, try again each round.
+                    tier.inner
+                        .renew
+                        .store(u32::from(moved) + 1, Ordering::Release);
                 }
-                if !tier.inner.nodes.any_down(tier.monotonic_us()) {
+                if let Some(moved) = tier.renew_slot() {
+                    tier.renew_connection(Some(moved));
+                }
+                let busy = |tier: &RedisTier| {
+                    tier.inner.nodes.any_down(tier.monotonic_us()) || tier.renew_slot().is_some()
+                };
+                if !busy(&tier) {
                     tier.inner.refreshing.store(false, Ordering::Release);
                     // A master marked down since the check above finds the
                     // flag set and spawns nothing: take the flag back.
-                    if !tier.inner.nodes.any_down(tier.monotonic_us())
-                        || tier.inner.refreshing.swap(true, Ordering::AcqRel)
-                    {
+                    if !busy(&tier) || tier.inner.refreshing.swap(true, Ordering::AcqRel) {
                         return;
                     }
                 }
@@ -1045,6 +1086,13 @@ impl RedisTier {
                 tokio::time::sleep(SLOTS_REFRESH_EVERY).await;
             }
         });
+    }
+
+    /// A slot that moved to another master while no fresh connection has
+    /// replaced the one made before (see `refresh_slots`).
+    fn renew_slot(&self) -> Option<u16> {
+        let renew = self.inner.renew.load(Ordering::Acquire);
+        u16::try_from(renew.checked_sub(1)?).ok()
     }
 
     /// µs since the tier was made, on the monotonic clock.
@@ -1147,12 +1195,16 @@ impl RedisTier {
     }
 
     /// The connection in `slot`, created lazily (no I/O here: it connects on
-    /// its first command).
+    /// its first command). On a Cluster a new connection also has the slot
+    /// map read, so the first failures of a master already count against it.
     fn connection(&self, slot: &ArcSwapOption<Conn>) -> RedisResult<Conn> {
         if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
         let fresh = Arc::new(self.inner.backend.connect_lazy()?);
+        if self.inner.backend.is_cluster() {
+            self.refresh_slots();
+        }
         // Another call may have raced us here: keep whichever was stored first.
         let previous = slot.rcu(|current| match current {
             Some(conn) => Some(Arc::clone(conn)),

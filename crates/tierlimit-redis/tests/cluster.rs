@@ -445,3 +445,84 @@ async fn a_killed_master_fails_over_under_load() {
         assert!(slowest <= bound, "{key}: a check took {slowest:?}");
     }
 }
+
+/// A master hung (SIGSTOP): its sockets stay open, so redis-rs never sees a
+/// refused connection or a `MOVED` from it, and would go on sending its
+/// slots' checks there. Once its replica is promoted, the tier's own slot
+/// map names the new master and the tier renews its connection: the hung
+/// master's keys are served again while it is still hung, within
+/// `BACK_WITHIN` of the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_is_left_once_its_replica_is_promoted() {
+    const BACK_WITHIN: Duration = Duration::from_millis(1_500);
+    let _serial = tierlimit_test::serial().await;
+    let mut cluster = RedisCluster::start();
+    cluster.serve_partial_coverage().await;
+    let deadline = Duration::from_millis(50);
+    let tier = RedisTier::new(RedisTierConfig::new(cluster.cluster_url()).deadline(deadline))
+        .expect("valid");
+    let s = set("hung", [Rule::per_second(1_000_000).expect("valid")]);
+    let by_master = keys_on_every_master(&cluster, &s, "hung", 1);
+    let (&victim, victim_keys) = by_master.iter().next().expect("a master");
+    let victim_key = victim_keys[0].clone();
+    let replica = cluster
+        .replica_of(victim)
+        .expect("the victim has a replica");
+    for key in by_master.values().flatten() {
+        tier.check(key, &s, 1).await.expect("warm");
+    }
+    cluster.node_mut(victim).pause();
+
+    // Checks of the hung master's key until its replica serves its slot.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let promoted = loop {
+        if let Err(e) = tier.check(&victim_key, &s, 1).await {
+            let kind = e.redis_failure().unwrap_or(RedisFailure::Other);
+            *kinds.entry(format!("{kind:?}")).or_default() += 1;
+        }
+        if cluster.wait_serving(Duration::ZERO) {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the replica was not promoted within 30 s"
+        );
+        // A pace for the polling loop, not a sleep in place of a condition.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(cluster.master_of(&storage_key(&s, &victim_key, 0)), replica);
+    assert!(
+        kinds.values().sum::<u64>() > 0,
+        "the hang was seen: {kinds:?}"
+    );
+    // Still hung: served by the promoted replica within the bound.
+    let back = loop {
+        let start = Instant::now();
+        let r = tier.check(&victim_key, &s, 1).await;
+        assert!(start.elapsed() <= deadline + Duration::from_millis(15));
+        if r.is_ok() {
+            break promoted.elapsed();
+        }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(10),
+            "the hung master's key was not served by its promoted replica within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    eprintln!("hung master's key: {kinds:?} before the promotion, served again {back:?} after it");
+    assert!(
+        cluster.nodes()[victim].is_paused(),
+        "the old master is still hung"
+    );
+    assert!(
+        back <= BACK_WITHIN,
+        "served again only {back:?} after the promotion (bound {BACK_WITHIN:?})"
+    );
+    for _ in 0..20 {
+        tier.check(&victim_key, &s, 1)
+            .await
+            .expect("served by the promoted replica, and stays so");
+    }
+    cluster.node_mut(victim).resume();
+}

@@ -23,6 +23,8 @@ const CLI_NOT_FOUND: &str = "redis-cli not found on PATH: install it with \
 pub struct ClusterNode {
     /// The node's id.
     pub id: String,
+    /// Its client address, `host:port`, as the cluster announces it.
+    pub addr: String,
     /// Its client port.
     pub port: u16,
     /// True for a master, false for a replica.
@@ -68,61 +70,13 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output();
-        match out {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => panic!(
-                "redis-cli --cluster create failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{CLI_NOT_FOUND}"),
-            Err(e) => panic!("cannot run redis-cli: {e}"),
+        if let Err(e) = create_cluster(&addrs) {
+            panic!("{e}");
         }
-        let cluster = RedisCluster { nodes };
-        assert!(
-            cluster.wait_serving(SERVING_TIMEOUT),
-            "the cluster did not serve every slot within {SERVING_TIMEOUT:?}: {:?}",
-            cluster.topology()
-        );
-        cluster.wait_roles_agreed();
-        cluster.wait_replicas_synced();
-        cluster
-    }
-
-    /// Waits until every node's `CLUSTER NODES` shows three masters and
-    /// three replicas: a new replica's role reaches the others by gossip, a
-    /// moment after every slot is served. Panics after the start timeout.
-    fn wait_roles_agreed(&self) {
-        let end = Instant::now() + SERVING_TIMEOUT;
-        loop {
-            let views: Vec<(usize, usize)> = self
-                .nodes
-                .iter()
-                .map(|node| {
-                    let text: String =
-                        query(node, redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
-                    let nodes: Vec<ClusterNode> = text.lines().filter_map(parse_node).collect();
-                    let masters = nodes.iter().filter(|n| n.master).count();
-                    (masters, nodes.len() - masters)
-                })
-                .collect();
-            if views.iter().all(|&view| view == (MASTERS, MASTERS)) {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "the nodes do not agree on 3 masters and 3 replicas within \
-                 {SERVING_TIMEOUT:?}: (masters, replicas) per node {views:?}"
-            );
-            sleep(Duration::from_millis(20));
+        if let Err(e) = wait_cluster_ready(&addrs, SERVING_TIMEOUT) {
+            panic!("{e}");
         }
+        RedisCluster { nodes }
     }
 
     /// The nodes, by index.
@@ -218,18 +172,20 @@ impl RedisCluster {
 
     /// `CLUSTER NODES` as a live node sees it, by node index.
     pub fn topology(&self) -> HashMap<usize, ClusterNode> {
-        let text: String = query(self.live(), redis::cmd("CLUSTER").arg("NODES"))
-            .expect("CLUSTER NODES on a live node");
-        text.lines()
-            .filter_map(parse_node)
+        cluster_nodes(&addr(self.live()))
+            .expect("CLUSTER NODES on a live node")
+            .into_iter()
             .filter_map(|node| self.index_of_port(node.port).map(|i| (i, node)))
             .collect()
     }
 
     /// The hash slot of `key` (`CLUSTER KEYSLOT`: hash tags count).
     pub fn slot(&self, key: &str) -> u16 {
-        query(self.live(), redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
-            .expect("CLUSTER KEYSLOT on a live node")
+        query_node(
+            &addr(self.live()),
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .expect("CLUSTER KEYSLOT on a live node")
     }
 
     /// The index of the master serving `key`'s slot now, as a live node
@@ -244,32 +200,14 @@ impl RedisCluster {
     }
 
     /// Every slot range with the index of its master (`CLUSTER SLOTS`, as a
-    /// live node sees it; it works on Redis 6 and 7).
+    /// live node sees it).
     fn slot_masters(&self) -> Vec<(std::ops::RangeInclusive<u16>, usize)> {
-        let slots: redis::Value = query(self.live(), redis::cmd("CLUSTER").arg("SLOTS"))
-            .expect("CLUSTER SLOTS on a live node");
-        let redis::Value::Array(ranges) = slots else {
-            panic!("CLUSTER SLOTS answered {slots:?}");
-        };
-        let int = |v: Option<&redis::Value>| match v {
-            Some(redis::Value::Int(n)) => u16::try_from(*n).ok(),
-            _ => None,
-        };
-        ranges
-            .iter()
-            .filter_map(|range| {
-                let redis::Value::Array(fields) = range else {
-                    return None;
-                };
-                let redis::Value::Array(master) = fields.get(2)? else {
-                    return None;
-                };
-                let (start, end, port) = (
-                    int(fields.first())?,
-                    int(fields.get(1))?,
-                    int(master.get(1))?,
-                );
-                Some((start..=end, self.index_of_port(port)?))
+        slot_masters(&addr(self.live()))
+            .expect("CLUSTER SLOTS on a live node")
+            .into_iter()
+            .filter_map(|(range, master)| {
+                let port = master.rsplit(':').next()?.parse().ok()?;
+                Some((range, self.index_of_port(port)?))
             })
             .collect()
     }
@@ -288,8 +226,11 @@ impl RedisCluster {
     /// coordinated failover: no write is lost) and waits until it is a master
     /// and every slot is served; panics if that takes over 30 s.
     pub fn failover(&self, replica: usize) {
-        let _: String = query(&self.nodes[replica], redis::cmd("CLUSTER").arg("FAILOVER"))
-            .expect("CLUSTER FAILOVER on a replica");
+        let _: String = query_node(
+            &addr(&self.nodes[replica]),
+            redis::cmd("CLUSTER").arg("FAILOVER"),
+        )
+        .expect("CLUSTER FAILOVER on a replica");
         let end = Instant::now() + SERVING_TIMEOUT;
         while !self.topology().get(&replica).is_some_and(|n| n.master) {
             assert!(
@@ -304,32 +245,6 @@ impl RedisCluster {
         );
     }
 
-    /// Waits until every running replica's link to its master is up (its
-    /// first sync done): a replica that never synced refuses to fail over
-    /// ("disconnected from master for longer than allowed"). Panics after 30 s.
-    pub fn wait_replicas_synced(&self) {
-        let end = Instant::now() + SERVING_TIMEOUT;
-        let topology = self.topology();
-        for (i, node) in &topology {
-            let server = &self.nodes[*i];
-            if node.master || !server.is_running() || server.is_paused() {
-                continue;
-            }
-            loop {
-                let info: String =
-                    query(server, redis::cmd("INFO").arg("replication")).unwrap_or_default();
-                if info.contains("master_link_status:up") {
-                    break;
-                }
-                assert!(
-                    Instant::now() < end,
-                    "replica {i} did not sync with its master within {SERVING_TIMEOUT:?}:\n{info}"
-                );
-                sleep(Duration::from_millis(20));
-            }
-        }
-    }
-
     /// Waits until every running, unpaused node reports `cluster_state:ok`
     /// with all 16384 slots `ok`, and every slot's master is a running,
     /// unpaused node (so a killed master's slots have moved to its replica);
@@ -342,11 +257,7 @@ impl RedisCluster {
                 .iter()
                 .filter(|n| n.is_running() && !n.is_paused())
                 .collect();
-            let ok = live.iter().all(|node| {
-                query::<String>(node, redis::cmd("CLUSTER").arg("INFO")).is_ok_and(|info| {
-                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-                })
-            });
+            let ok = live.iter().all(|node| cluster_ok(&addr(node)));
             let up = |i: usize| self.nodes[i].is_running() && !self.nodes[i].is_paused();
             if ok && !live.is_empty() {
                 // One CLUSTER SLOTS read: every slot covered, each by a live master.
@@ -374,16 +285,146 @@ fn free_bus_port() -> u16 {
         .expect("bind a free loopback port")
 }
 
+/// `127.0.0.1:<port>` of one of this process's nodes.
+fn addr(node: &RedisServer) -> String {
+    format!("127.0.0.1:{}", node.port())
+}
+
+/// Joins fresh cluster-enabled nodes (`host:port` each, six for 3 masters and
+/// 3 replicas) with `redis-cli --cluster create ... --cluster-replicas 1
+/// --cluster-yes`; an error says what went wrong (redis-cli missing, or its
+/// output).
+pub fn create_cluster(addrs: &[String]) -> Result<(), String> {
+    let out = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(addrs)
+        .args(["--cluster-replicas", "1", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CLI_NOT_FOUND.to_owned()),
+        Err(e) => Err(format!("cannot run redis-cli: {e}")),
+    }
+}
+
+/// Waits until a new cluster of 3 masters and 3 replicas at `addrs` is ready:
+/// every node reports `cluster_state:ok` with all slots `ok`, every node sees
+/// 3 masters and 3 replicas (a replica's role reaches the others by gossip a
+/// moment after the slots are served), and every replica's link to its master
+/// is up (its first sync done: a replica that never synced refuses to fail
+/// over). An error after `timeout` says what was missing.
+pub fn wait_cluster_ready(addrs: &[String], timeout: Duration) -> Result<(), String> {
+    let end = Instant::now() + timeout;
+    loop {
+        let missing = cluster_not_ready(addrs);
+        match missing {
+            None => return Ok(()),
+            Some(what) if Instant::now() >= end => {
+                return Err(format!(
+                    "the cluster was not ready within {timeout:?}: {what}"
+                ));
+            }
+            Some(_) => sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// What a new cluster at `addrs` still lacks (see [`wait_cluster_ready`]).
+fn cluster_not_ready(addrs: &[String]) -> Option<String> {
+    for addr in addrs {
+        if !cluster_ok(addr) {
+            return Some(format!("{addr} does not report every slot ok"));
+        }
+        let nodes = cluster_nodes(addr).unwrap_or_default();
+        let masters = nodes.iter().filter(|n| n.master).count();
+        if (masters, nodes.len() - masters) != (MASTERS, MASTERS) {
+            return Some(format!(
+                "{addr} sees {masters} masters and {} replicas",
+                nodes.len() - masters
+            ));
+        }
+        let me = nodes.iter().find(|n| n.addr == *addr);
+        if me.is_some_and(|n| !n.master) {
+            let info: String =
+                query_node(addr, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+            if !info.contains("master_link_status:up") {
+                return Some(format!("replica {addr} has not synced with its master"));
+            }
+        }
+    }
+    None
+}
+
+/// Every node as the node at `addr` (`host:port`) sees it (`CLUSTER NODES`).
+pub fn cluster_nodes(addr: &str) -> redis::RedisResult<Vec<ClusterNode>> {
+    let text: String = query_node(addr, redis::cmd("CLUSTER").arg("NODES"))?;
+    Ok(text.lines().filter_map(parse_node).collect())
+}
+
+/// Whether the node at `addr` reports `cluster_state:ok` with all 16384
+/// slots `ok`.
+pub fn cluster_ok(addr: &str) -> bool {
+    query_node::<String>(addr, redis::cmd("CLUSTER").arg("INFO")).is_ok_and(|info| {
+        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+    })
+}
+
+/// Every slot range with its master's `host:port`, as the node at `addr`
+/// sees it (`CLUSTER SLOTS`, which Redis 6 and 7 both answer).
+pub fn slot_masters(
+    addr: &str,
+) -> redis::RedisResult<Vec<(std::ops::RangeInclusive<u16>, String)>> {
+    let slots: redis::Value = query_node(addr, redis::cmd("CLUSTER").arg("SLOTS"))?;
+    let redis::Value::Array(ranges) = slots else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "CLUSTER SLOTS is not an array",
+        )));
+    };
+    let int = |v: Option<&redis::Value>| match v {
+        Some(redis::Value::Int(n)) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let text = |v: Option<&redis::Value>| match v {
+        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        Some(redis::Value::SimpleString(s)) => Some(s.clone()),
+        _ => None,
+    };
+    Ok(ranges
+        .iter()
+        .filter_map(|range| {
+            let redis::Value::Array(fields) = range else {
+                return None;
+            };
+            let redis::Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            let (start, end) = (int(fields.first())?, int(fields.get(1))?);
+            let host = text(master.first())?;
+            let port = int(master.get(1))?;
+            Some((start..=end, format!("{host}:{port}")))
+        })
+        .collect())
+}
+
 /// One `CLUSTER NODES` line: `<id> <ip:port@bus> <flags> <master|-> ...`.
 fn parse_node(line: &str) -> Option<ClusterNode> {
     let mut fields = line.split_whitespace();
     let id = fields.next()?.to_owned();
-    let addr = fields.next()?;
-    let port = addr.split('@').next()?.rsplit(':').next()?.parse().ok()?;
+    let addr = fields.next()?.split('@').next()?.to_owned();
+    let port = addr.rsplit(':').next()?.parse().ok()?;
     let flags: Vec<&str> = fields.next()?.split(',').collect();
     let master_id = fields.next().filter(|m| *m != "-").map(str::to_owned);
     Some(ClusterNode {
         id,
+        addr,
         port,
         master: flags.contains(&"master"),
         master_id,
@@ -391,12 +432,14 @@ fn parse_node(line: &str) -> Option<ClusterNode> {
     })
 }
 
-/// One command on one node over a short-lived blocking connection.
-fn query<T: redis::FromRedisValue>(node: &RedisServer, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-    let mut conn = node
-        .client()
+/// One command on the node at `addr` (`host:port`) over a short-lived
+/// blocking connection with 2 s timeouts: works for nodes this process did
+/// not start (the chaos suite's containers) as for its own.
+pub fn query_node<T: redis::FromRedisValue>(addr: &str, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    let mut conn = redis::Client::open(format!("redis://{addr}/"))?
         .get_connection_with_timeout(Duration::from_secs(2))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(2)))?;
     cmd.query(&mut conn)
 }
 
@@ -413,6 +456,7 @@ mod tests {
         .expect("a master line");
         assert!(master.master && master.master_id.is_none() && !master.failed);
         assert_eq!(master.port, 30004);
+        assert_eq!(master.addr, "127.0.0.1:30004");
         let replica = parse_node(
             "67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 \
              myself,slave,fail? e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 0 2 connected",

@@ -4,7 +4,9 @@
 //!   port, with helpers to kill, restart, pause and inspect it.
 //! - [`RedisCluster`]: a real Redis Cluster of 3 masters and 3 replicas, with
 //!   helpers to find a key's master, fail over and wait until every slot is
-//!   served again.
+//!   served again; [`cluster_nodes`], [`slot_masters`], [`cluster_ok`],
+//!   [`create_cluster`], [`wait_cluster_ready`] and [`query_node`] do the same for nodes at any
+//!   address (the chaos suite's containers).
 //! - [`FaultProxy`]: an in-process TCP proxy in front of a server that can add
 //!   latency, hang, refuse, reset or drop replies, switchable at run time.
 //! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
@@ -22,7 +24,10 @@ mod proxy;
 mod serial;
 mod server;
 
-pub use cluster::{ClusterNode, RedisCluster};
+pub use cluster::{
+    ClusterNode, RedisCluster, cluster_nodes, cluster_ok, create_cluster, query_node, slot_masters,
+    wait_cluster_ready,
+};
 pub use filler::MemoryFiller;
 pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};
