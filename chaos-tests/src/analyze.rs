@@ -1127,4 +1127,111 @@ mod tests {
         assert!(counts(&[], 1, &[3, 2]).is_err(), "5 units from 4 checks");
         assert!(counts(&[], 0, &[1, 0]).is_err(), "nobody was killed");
     }
+
+    /// Judges a cluster scenario's decisions: key 0 of every stream is on
+    /// the victim master, key 1 elsewhere; the replica was promoted at 2 s.
+    fn cluster(decisions: &[Decision], promoted_at: Option<u64>) -> Vec<Check> {
+        let scenario = crate::scenario::all(1_000, 50)
+            .into_iter()
+            .find(|s| s.name == "cluster-master-killed")
+            .expect("the cluster scenario exists");
+        let ctx = Context {
+            scenario: &scenario,
+            driver: "test",
+            deadline_ms: 50,
+            max_cool_down_ms: 500,
+            keys: 2,
+            apps: 3,
+            timeline: Timeline {
+                fault_at: 1_000_000,
+                promoted_at,
+                ..Timeline::default()
+            },
+            in_flight: 4,
+            redis_counts: HashMap::new(),
+            victim_keys: (0..3).map(|stream| (stream, 0)).collect(),
+        };
+        let logs = [AppLog {
+            decisions: decisions.to_vec(),
+            ..AppLog::default()
+        }];
+        let all: Vec<_> = decisions.iter().map(|d| (0, d)).collect();
+        let mut checks = Vec::new();
+        cluster_checks(&ctx, &logs, &all, &mut checks);
+        checks
+    }
+
+    fn verdict<'a>(checks: &'a [Check], starts: &str) -> &'a str {
+        checks
+            .iter()
+            .find(|c| c.bound.starts_with(starts))
+            .map_or("missing", |c| c.verdict)
+    }
+
+    /// `n` decisions of `key` in `stream` from `t` on, 1 ms apart.
+    fn run_of(n: u64, t: u64, stream: usize, key: usize, tier: Tier) -> Vec<Decision> {
+        (0..n)
+            .map(|i| Decision {
+                t: t + i * 1_000,
+                stream,
+                key,
+                allowed: tier != Tier::FailClosed,
+                failure: tier.is_fallback().then_some(RedisFailure::NodeDown),
+                ..decision(tier, true, false)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cluster_run_that_keeps_its_bounds_passes() {
+        let mut log = run_of(1_000, 0, 0, 1, Tier::Redis);
+        log.extend(run_of(1_000, 0, 0, 0, Tier::Redis));
+        log.extend(run_of(500, 1_000_000, 0, 0, Tier::FailOpen));
+        log.extend(run_of(500, 1_000_000, 1, 0, Tier::FailClosed));
+        log.extend(run_of(100, 2_100_000, 1, 0, Tier::Redis));
+        let checks = cluster(&log, Some(2_000_000));
+        assert!(checks.iter().all(|c| c.verdict != "FAIL"), "{checks:#?}");
+    }
+
+    #[test]
+    fn a_healthy_masters_key_falling_back_fails_the_run() {
+        let mut log = run_of(1_000, 0, 0, 1, Tier::Redis);
+        log.extend(run_of(100, 2_100_000, 0, 0, Tier::Redis));
+        // Not a deadline miss: a down mark on a healthy master's key.
+        log.extend(run_of(1, 1_500_000, 2, 1, Tier::Local));
+        let checks = cluster(&log, Some(2_000_000));
+        assert_eq!(verdict(&checks, "keys on the other masters"), "FAIL");
+        // One deadline miss in 1,001 is allowed; the same as a NodeDown is not.
+        let last = log.len() - 1;
+        log[last].failure = Some(RedisFailure::Timeout);
+        assert_eq!(
+            verdict(&cluster(&log, Some(2_000_000)), "keys on the other masters"),
+            "PASS"
+        );
+    }
+
+    #[test]
+    fn a_victim_key_off_its_policy_or_late_back_on_redis_fails_the_run() {
+        let mut log = run_of(1_000, 0, 0, 1, Tier::Redis);
+        // Fail-closed admitting while its master fails over.
+        let mut admitted = run_of(1, 1_500_000, 1, 0, Tier::FailClosed);
+        admitted[0].allowed = true;
+        log.extend(admitted);
+        log.extend(run_of(100, 2_100_000, 1, 0, Tier::Redis));
+        let checks = cluster(&log, Some(2_000_000));
+        assert_eq!(verdict(&checks, "keys on the failed master follow"), "FAIL");
+        // Still falling back 1.5 s after the promotion.
+        let mut log = run_of(1_000, 0, 0, 1, Tier::Redis);
+        log.extend(run_of(1, 3_500_000, 0, 0, Tier::FailOpen));
+        log.extend(run_of(100, 3_600_000, 0, 0, Tier::Redis));
+        let checks = cluster(&log, Some(2_000_000));
+        assert_eq!(
+            verdict(&checks, "the failed master's keys are back"),
+            "FAIL"
+        );
+        assert_eq!(
+            verdict(&cluster(&log, None), "the victim's replica"),
+            "FAIL"
+        );
+    }
 }
