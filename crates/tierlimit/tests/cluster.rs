@@ -9,6 +9,10 @@
 //!   are answered at once (`NodeDown`), unsent.
 //! * Once the replica is promoted they are decided by Redis again, and what
 //!   the local tier admitted meanwhile is written back.
+//!
+//! And the whole cluster hung is an outage like one server's: the breaker
+//! opens, every decision by policy within the bound, and after it every key
+//! is back on Redis and every local admission written back.
 
 mod support;
 
@@ -208,6 +212,114 @@ async fn a_killed_master_costs_only_its_own_keys_until_its_replica_serves() {
 
     // What the local tier admitted reaches Redis: the ledger drains (bounded
     // wait) and every unit is acknowledged.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while limiter.local().ledger().units() > 0 {
+        assert!(
+            Instant::now() < give_up,
+            "{} units still owed to Redis",
+            limiter.local().ledger().units()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(local_admitted > 0, "nothing was admitted locally");
+    assert_eq!(
+        limiter.reconcile_stats().reconciled_units,
+        local_admitted,
+        "every unit admitted locally was written back"
+    );
+}
+
+/// The whole cluster hung (every node SIGSTOPped) is an outage like one
+/// server's: each decision within the deadline + 15 ms, by policy, the
+/// breaker opens; once the nodes go on, every key is decided by Redis again,
+/// the breaker closes, and what was admitted locally is written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_hung_is_an_outage_and_ends_like_one() {
+    let _serial = tierlimit_test::serial().await;
+    let mut cluster = RedisCluster::start();
+    cluster.serve_partial_coverage().await;
+    let set = daily();
+    let keys: Vec<String> = cluster
+        .keys_on_every_master("all", 2, |key| set.storage_key(key, 0))
+        .into_values()
+        .flatten()
+        .collect();
+    let limiter = healthy(
+        HybridLimiter::builder()
+            .redis_url(cluster.cluster_url())
+            .deadline(DEADLINE)
+            .breaker(breaker())
+            .instances(Instances::Fixed(1))
+            .heartbeat_every(Duration::from_millis(100)),
+    )
+    .await;
+    for key in &keys {
+        let d = limiter.check(key, &set, 1).await.expect("valid input");
+        assert_eq!(d.tier, Tier::Redis, "{key} before the hang: {d:?}");
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = JoinSet::new();
+    for key in keys.iter().cloned() {
+        let (limiter, set, stop) = (Arc::clone(&limiter), set.clone(), Arc::clone(&stop));
+        load.spawn(async move {
+            let mut seen = Seen::default();
+            while !stop.load(Ordering::Relaxed) {
+                checked(&limiter, &set, &key, &mut seen).await;
+                // A pace for the load, not a wait for a condition.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (key, seen)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for node in 0..cluster.nodes().len() {
+        cluster.node_mut(node).pause();
+    }
+    // The breaker opens, bounded.
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while limiter.breaker_state() == BreakerState::Closed {
+        assert!(
+            Instant::now() < give_up,
+            "the breaker stayed closed with every node hung"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A second of outage under load.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for node in 0..cluster.nodes().len() {
+        cluster.node_mut(node).resume();
+    }
+    // Every key decided by Redis again, bounded.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut after = Seen::default();
+    for key in &keys {
+        while checked(&limiter, &set, key, &mut after).await != Tier::Redis {
+            assert!(
+                Instant::now() < give_up,
+                "{key} was not decided by Redis again within 30 s of the resume: {after:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let bound = DEADLINE + Duration::from_millis(15);
+    let mut local_admitted = after.local_admitted;
+    let mut errors_or_slow = Vec::new();
+    while let Some(done) = load.join_next().await {
+        let (key, seen) = done.expect("load task");
+        eprintln!("{key}: {seen:?}");
+        assert!(seen.count("Local") > 0, "{key} never fell back: {seen:?}");
+        if seen.slowest > bound {
+            errors_or_slow.push(format!("{key}: {seen:?}"));
+        }
+        local_admitted += seen.local_admitted;
+    }
+    assert!(
+        errors_or_slow.is_empty() && after.slowest <= bound,
+        "decisions slower than {bound:?}: {errors_or_slow:?} {after:?}"
+    );
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
     let give_up = Instant::now() + Duration::from_secs(10);
     while limiter.local().ledger().units() > 0 {
         assert!(
