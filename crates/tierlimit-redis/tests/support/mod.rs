@@ -117,3 +117,25 @@ pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnecti
     }
     slowest.expect("the slow log holds a script call")
 }
+
+/// The URL of a user of `server` the ACL allows everything but Functions
+/// (`FUNCTION`, `FCALL`, `FCALL_RO`): a tier logged in as it runs scripts
+/// (`EVALSHA`), as on a server older than Redis 7.
+pub(crate) async fn scripts_only_url(server: &tierlimit_test::RedisServer) -> String {
+    let mut admin = server.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("scripts-only")
+        .arg("on")
+        .arg(">scripts-only-pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-function")
+        .arg("-fcall")
+        .arg("-fcall_ro")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    server.url_as("scripts-only", "scripts-only-pw")
+}
