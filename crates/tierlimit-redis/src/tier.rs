@@ -1537,6 +1537,17 @@ impl RedisTier {
         slot: Option<u16>,
     ) -> RedisResult<()> {
         let first = send_pipeline(&conn, pipe).await?;
+        // The healthy case, without allocating: every command ran.
+        if pipe
+            .cmd_iter()
+            .zip(&first)
+            .all(|(cmd, reply)| self.need(cmd, reply) == Need::Nothing)
+        {
+            for (slot, reply) in replies.iter_mut().zip(first) {
+                *slot = Some(reply);
+            }
+            return Ok(());
+        }
         let mut again: Vec<(usize, Cmd)> = Vec::new();
         let sent: Vec<(usize, &Cmd)> = pipe.cmd_iter().enumerate().collect();
         self.sort_replies(&mut conn, &sent, first, replies, slot, &mut again, 2)
