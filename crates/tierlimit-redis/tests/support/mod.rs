@@ -86,7 +86,7 @@ pub(crate) async fn slowlog_reset(conn: &mut redis::aio::MultiplexedConnection) 
         .expect("SLOWLOG RESET");
 }
 
-/// The longest server time, in µs, of any `EVAL`/`EVALSHA` in the slow log
+/// The longest server time, in µs, of any `EVAL`/`EVALSHA`/`FCALL` in the slow log
 /// since [`slowlog_reset`]: what Redis itself measured, not the client's wall
 /// clock. Panics when the log holds no script call.
 pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
@@ -110,7 +110,7 @@ pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnecti
             Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_ascii_lowercase(),
             other => panic!("slow log command {other:?}"),
         };
-        if name.starts_with("eval") {
+        if name.starts_with("eval") || name.starts_with("fcall") {
             let us = u64::try_from(*us).expect("a duration");
             slowest = Some(slowest.map_or(us, |s: u64| s.max(us)));
         }
