@@ -59,9 +59,7 @@ fn main() {
     ));
     let (functions, scripts) = {
         let _entered = rt.enter();
-        let tier = |url: String| {
-            RedisTier::new(RedisTierConfig::new(url)).expect("a valid config")
-        };
+        let tier = |url: String| RedisTier::new(RedisTierConfig::new(url)).expect("a valid config");
         (tier(server.url()), tier(server.url_as("scripts", "pw")))
     };
     let cases: Vec<(Algorithm, usize, RuleSet)> = ALGORITHMS
@@ -176,7 +174,8 @@ fn main() {
         "usec_per_call": { "median": floor.median, "min": floor.min, "max": floor.max },
     }));
     let spread = |v: &[f64]| Spread::of(v).expect("at least one round");
-    let ratio = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
+    let ratio =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
     for ((alg, rules, _), [fcall, evalsha, minimal]) in cases.iter().zip(&usec) {
         let s = spread(fcall);
         let e = spread(evalsha);
@@ -191,10 +190,23 @@ fn main() {
             "script_cost/{alg:?}/{rules}: FCALL {:.2} us [{:.2}-{:.2}], EVALSHA {:.2} us [{:.2}-{:.2}], \
              minimal {:.2} us [{:.2}-{:.2}]; FCALL/EVALSHA {:.2} [{:.2}-{:.2}], \
              FCALL/minimal {:.2} [{:.2}-{:.2}], EVALSHA/minimal {:.2}; {:.1}x the empty script",
-            s.median, s.min, s.max, e.median, e.min, e.max, m.median, m.min, m.max,
-            per_evalsha.median, per_evalsha.min, per_evalsha.max,
-            per_minimal.median, per_minimal.min, per_minimal.max,
-            evalsha_per_minimal.median, r.median
+            s.median,
+            s.min,
+            s.max,
+            e.median,
+            e.min,
+            e.max,
+            m.median,
+            m.min,
+            m.max,
+            per_evalsha.median,
+            per_evalsha.min,
+            per_evalsha.max,
+            per_minimal.median,
+            per_minimal.min,
+            per_minimal.max,
+            evalsha_per_minimal.median,
+            r.median
         );
         harness.record(serde_json::json!({
             "kind": "script_cost",

@@ -3,8 +3,8 @@
 use redis::{Cmd, RedisWrite, Value};
 use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key};
 
-use crate::script::Head;
 use crate::failure::classify_server;
+use crate::script::Head;
 
 /// How long past an entry's last relevant moment its batch marker is kept, so
 /// a batch re-sent late (after a long outage, or across clock skew between
@@ -83,11 +83,7 @@ pub(crate) fn reconcile_cmd(
     let key = &entry.storage_key;
     let mut cmd = Cmd::with_capacity(
         5 + NUMBERS,
-        head.len()
-            + 2 * key.len()
-            + MARKER.len()
-            + 2 * batch_id.len()
-            + 20 * NUMBERS,
+        head.len() + 2 * key.len() + MARKER.len() + 2 * batch_id.len() + 20 * NUMBERS,
     );
     head.write(&mut cmd);
     cmd.arg(2).arg(key);

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::batch::{CheckKey, Checked};
 use crate::failure::timeout;
-use crate::script::Routine;
 use crate::reconcile::{Part, Parts, fold, reconcile_cmd, stripe_entry, written, written_parts};
+use crate::script::Routine;
 use crate::{CheckRequest, RedisTier, Verdict, WriteBack, Written};
 
 /// The stripe a check asks first: one at random, so checks of a hot key from

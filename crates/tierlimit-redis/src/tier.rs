@@ -1567,8 +1567,16 @@ impl RedisTier {
             let answers = send_pipeline(&conn, &resend).await?;
             let round = std::mem::take(&mut again);
             let sent: Vec<(usize, &Cmd)> = round.iter().map(|(i, c)| (*i, c)).collect();
-            self.sort_replies(&mut conn, &sent, answers, replies, slot, &mut again, sends + 1)
-                .await?;
+            self.sort_replies(
+                &mut conn,
+                &sent,
+                answers,
+                replies,
+                slot,
+                &mut again,
+                sends + 1,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -1837,7 +1845,9 @@ mod tests {
         let tier = RedisTier::new(config).expect("valid config");
         let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
         assert_eq!(tier.script_mode(), None, "nothing chosen before a call");
-        tier.check("warm", &set, 1).await.expect("loads the library");
+        tier.check("warm", &set, 1)
+            .await
+            .expect("loads the library");
         assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
 
         let check = |key: &str| tier.check_cmd(key, &set, 1, 0).expect("valid check");

@@ -146,7 +146,10 @@ async fn a_healthy_check_allocates_only_what_its_key_and_reply_need() {
     // scripts are loaded for it.
     let mut loader = bare.clone();
     CHECK.load_async(&mut loader).await.expect("SCRIPT LOAD");
-    RECONCILE.load_async(&mut loader).await.expect("SCRIPT LOAD");
+    RECONCILE
+        .load_async(&mut loader)
+        .await
+        .expect("SCRIPT LOAD");
 
     let sets = [
         RuleSet::new("one", [rule(10_000_000, Duration::from_secs(3600))]).expect("valid"),

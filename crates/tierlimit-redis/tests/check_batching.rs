@@ -178,7 +178,10 @@ async fn noscript_in_a_batch_reloads_and_counts_each_check_once() {
     let server = RedisServer::start();
     for (url, mode) in [
         (server.url(), ScriptMode::Functions),
-        (support::scripts_only_url(&server).await, ScriptMode::Scripts),
+        (
+            support::scripts_only_url(&server).await,
+            ScriptMode::Scripts,
+        ),
     ] {
         server.flushall().await;
         let tier = tier_batching(&url, 32, TimeSource::Server, Duration::from_secs(5));

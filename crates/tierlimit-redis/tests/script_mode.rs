@@ -91,7 +91,11 @@ async fn a_user_who_may_not_load_functions_runs_scripts() {
     assert_eq!(libraries(&server).await, 0);
     // One FCALL (Function not found) before the choice, then scripts only.
     assert_eq!(server.command_calls("fcall").await, 1);
-    assert_eq!(server.command_calls("evalsha").await, 20 + 1, "one NOSCRIPT");
+    assert_eq!(
+        server.command_calls("evalsha").await,
+        20 + 1,
+        "one NOSCRIPT"
+    );
 }
 
 /// A user refused every scripting command but `EVALSHA` and `SCRIPT`
@@ -179,10 +183,16 @@ async fn heartbeat_and_write_backs_run_as_functions() {
     let functions = tier(&server.url());
     let ttl = Duration::from_secs(30);
     assert_eq!(
-        functions.heartbeat("tl:{inst}", "a", ttl).await.expect("hb"),
+        functions
+            .heartbeat("tl:{inst}", "a", ttl)
+            .await
+            .expect("hb"),
         1
     );
-    assert_eq!(scripts.heartbeat("tl:{inst}", "b", ttl).await.expect("hb"), 2);
+    assert_eq!(
+        scripts.heartbeat("tl:{inst}", "b", ttl).await.expect("hb"),
+        2
+    );
     assert_eq!(functions.script_mode(), Some(ScriptMode::Functions));
     assert_eq!(scripts.script_mode(), Some(ScriptMode::Scripts));
 
@@ -217,6 +227,9 @@ async fn heartbeat_and_write_backs_run_as_functions() {
         let fcalls = server.command_calls("fcall").await - fcalls;
         assert_eq!(fcalls, if label == "functions" { 2 } else { 0 }, "{label}");
         let v = tier.check(key, &set, 1).await.expect("check");
-        assert_eq!(v.decision.remaining, 5, "{label}: 4 written back, 1 checked");
+        assert_eq!(
+            v.decision.remaining, 5,
+            "{label}: 4 written back, 1 checked"
+        );
     }
 }
