@@ -233,3 +233,65 @@ async fn heartbeat_and_write_backs_run_as_functions() {
         );
     }
 }
+
+/// A server without Functions, as Redis 6 is (here a Redis 7 whose `FCALL`
+/// and `FUNCTION` are renamed away, so both answer `unknown command`): the
+/// tier runs scripts and decides the same, each check counted once.
+#[tokio::test]
+async fn a_server_without_functions_runs_scripts() {
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ]);
+    let tier = tier(&server.url());
+    decides_a_limit_of_three(&tier, "no Functions").await;
+    assert_eq!(tier.script_mode(), Some(ScriptMode::Scripts));
+    // One NOSCRIPT on the first EVALSHA, then one call per check.
+    assert_eq!(server.command_calls("evalsha").await, 20 + 1);
+    assert_eq!(server.command_calls("script|load").await, 1);
+}
+
+/// Out of memory (`maxmemory` reached, `noeviction`): Redis refuses a whole
+/// `FCALL` of a function that may write, where a script runs until its first
+/// write. The tier then sends the check as a script, so a denial (which
+/// writes nothing) is still decided, and an admission fails with `-OOM`, as
+/// with scripts alone.
+#[tokio::test]
+async fn out_of_memory_denials_are_still_decided() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let tier = tier(&server.url());
+    let set = set(
+        "oom",
+        ALGORITHMS.map(|a| rule(a, 1, Duration::from_secs(3600))),
+    );
+    let v = tier.check("full", &set, 1).await.expect("fits in memory");
+    assert!(v.decision.allowed);
+    assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut server.conn().await)
+        .await
+        .expect("CONFIG SET maxmemory");
+
+    let v = tier
+        .check("full", &set, 1)
+        .await
+        .expect("a denial writes nothing");
+    assert!(!v.decision.allowed, "{v:?}");
+    let err = tier
+        .check("fresh", &set, 1)
+        .await
+        .expect_err("an admission writes");
+    assert_eq!(
+        err.redis_failure(),
+        Some(tierlimit_core::RedisFailure::OutOfMemory),
+        "{err:?}"
+    );
+    assert_eq!(tier.script_mode(), Some(ScriptMode::Functions), "kept");
+}
