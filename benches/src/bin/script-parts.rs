@@ -247,29 +247,51 @@ fn main() {
     // The same single check and minimal script as Redis Functions (FCALL):
     // loaded once, so a call runs only the registered function, not the
     // definitions of the whole file. Told apart in the slow log by name.
-    let mut library = String::from("#!lua name=parts\nlocal KEYS, ARGV = {}, {}\n");
-    library.push_str(COMMON);
-    for alg in ALGORITHMS {
-        library.push_str(alg);
-    }
-    library.push_str(DECIDE);
-    library.push_str(
-        "\nredis.register_function('parts_check', function(keys, args)\n\
-         KEYS, ARGV, server_now = keys, args, nil\n",
+    // A second library has the check without its argument checks (the
+    // batch rows' first cut), to say what they cost a function call.
+    let lean_common = edit(
+        COMMON,
+        "local function int_arg(script, name, s, min, max)\n",
+        "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
     );
-    library.push_str(CHECK_MAIN);
-    library.push_str("\nend)\nredis.register_function('parts_minimal', function(keys, args)\nKEYS, ARGV = keys, args\n");
-    library.push_str(MINIMAL_ONE);
-    library.push_str("\nend)\n");
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library)
-        .query(&mut conn)
-        .expect("FUNCTION LOAD");
+    for (library_name, common, function) in [
+        ("parts", COMMON, "parts_check"),
+        ("parts_lean", lean_common.as_str(), "parts_check_lean"),
+    ] {
+        let mut library =
+            format!("#!lua name={library_name}\nlocal KEYS, ARGV = {{}}, {{}}\n{common}");
+        for alg in ALGORITHMS {
+            library.push_str(alg);
+        }
+        library.push_str(DECIDE);
+        library.push_str(&format!(
+            "\nredis.register_function('{function}', function(keys, args)\n\
+             KEYS, ARGV, server_now = keys, args, nil\n"
+        ));
+        library.push_str(CHECK_MAIN);
+        library.push_str("\nend)\n");
+        if library_name == "parts" {
+            library.push_str(
+                "redis.register_function('parts_minimal', function(keys, args)\n\
+                 KEYS, ARGV = keys, args\n",
+            );
+            library.push_str(MINIMAL_ONE);
+            library.push_str("\nend)\n");
+        }
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(&library)
+            .query(&mut conn)
+            .expect("FUNCTION LOAD");
+    }
     for (name, function) in [
         (
             "shipped check as a function (FCALL), 1 check per call",
             "parts_check",
+        ),
+        (
+            "- argument checks (int_arg = tonumber), as a function",
+            "parts_check_lean",
         ),
         (
             "minimal GCRA as a function (FCALL), 1 check per call",
@@ -310,6 +332,10 @@ fn main() {
                 cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
                 let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
             }
+        }
+        // The batches in a phase of their own: a small call right after a
+        // batch would pay for collecting the batch's garbage.
+        for _ in 0..CALLS {
             for (v, (sha, _)) in shas[..batch_variants].iter().enumerate() {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(sha).arg(BATCH);
@@ -336,7 +362,7 @@ fn main() {
     }
     let mut md = String::from("## Where a check's server time goes\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The next three rows are one check per call, interleaved with the others: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments; the last two the same check and minimal script as Redis Functions (`FCALL` of a library loaded once, as the tier runs them on Redis 7).\n\n"
+        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The next three rows are one check per call: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments; the last three the same check (whole, then without its argument checks) and minimal script as Redis Functions (`FCALL` of a library loaded once, as the tier runs them on Redis 7). The one-check rows are interleaved call by call among themselves, in each round before the batch rows (interleaved among themselves): a small call right after a batch would pay for collecting the batch's garbage.\n\n"
     ));
     md.push_str("| variant (cumulative) | µs per check (p10–p90) | µs saved |\n");
     md.push_str("|---|---:|---:|\n");
@@ -358,7 +384,7 @@ fn main() {
         ));
     }
     let (check, minimal) = (meds[batch_variants], meds[batch_variants + 1]);
-    let (fcall, fcall_minimal) = (meds[scripts], meds[scripts + 1]);
+    let (fcall, fcall_minimal) = (meds[scripts], meds[scripts + 2]);
     md.push_str(&format!(
         "\nOne check per call, medians: the check as a function ÷ as a script {:.2}; \
          as a function ÷ the minimal GCRA script {:.2}; ÷ the minimal GCRA function {:.2} \
