@@ -333,6 +333,7 @@ fn main() {
                 let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
             }
         }
+        drain_slowlog(&mut conn, &shas, &mut per_check);
         // The batches in a phase of their own: a small call right after a
         // batch would pay for collecting the batch's garbage.
         for _ in 0..CALLS {

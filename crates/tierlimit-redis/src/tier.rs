@@ -212,6 +212,12 @@ impl RedisTier {
     /// connections are dropped or replaced (then the next call chooses again).
     /// Either way a call that ran is never sent twice, and decisions are the
     /// same: the library is built from the same Lua files as the scripts.
+    ///
+    /// The library is named after the hash of its code
+    /// (`tierlimit_<16 hex digits>`), so versions sharing a server never
+    /// replace one another's. Unlike scripts, libraries are kept with the
+    /// data (RDB, AOF, replicas): one a version no longer used left behind
+    /// stays until `FUNCTION DELETE` removes it.
     pub fn script_mode(&self) -> Option<ScriptMode> {
         match self.inner.mode.load(Ordering::Relaxed) {
             MODE_FUNCTIONS => Some(ScriptMode::Functions),
