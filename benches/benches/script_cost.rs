@@ -1,4 +1,4 @@
-//! Script cost: server time per check (`usec_per_call` of EVALSHA in `INFO commandstats`, after `CONFIG RESETSTAT`) of the check script for each algorithm, one rule and three, against an empty script's on the same server.
+//! Script cost: server time per check (`usec_per_call` of FCALL or EVALSHA in `INFO commandstats`, after `CONFIG RESETSTAT`) of the check for each algorithm, one rule and three, run as a Redis Functions library (FCALL, the tier's default on Redis 7) and as a script (EVALSHA, the fallback), against a minimal script of the same algorithm and an empty script's on the same server.
 //!
 //! Each measurement is 2,000 `RedisTier::check` calls on a private
 //! `redis-server`: 200 fresh keys, 10 checks each, all admitted (one rule: 1,000
@@ -9,11 +9,19 @@
 //! floor of any EVALSHA) on the same server, and the report divides by it.
 //! Rounds go through every case in turn, and each case's median over the
 //! rounds is reported with its spread.
+//!
+//! Each case is measured three ways, one after the other in each round: the
+//! tier as it runs by default (Functions: `FCALL`), the tier logged in as an
+//! ACL user refused Functions (so it runs the same code by `EVALSHA`), and a
+//! minimal script of the same algorithm (one read, one write with its expiry
+//! per rule, all rules checked before any is written; see `MINIMAL`) sent by
+//! `EVALSHA` with the same keys and arguments. The report gives FCALL ÷
+//! EVALSHA and FCALL ÷ minimal, each per round then the median.
 
 use redis::aio::MultiplexedConnection;
 use tierlimit::{Algorithm, Rule, RuleSet};
 use tierlimit_benches::{Harness, Spread, runtime};
-use tierlimit_redis::{RedisTier, RedisTierConfig};
+use tierlimit_redis::{RedisTier, RedisTierConfig, ScriptMode};
 use tierlimit_test::RedisServer;
 
 const ALGORITHMS: [Algorithm; 5] = [
@@ -33,31 +41,56 @@ fn main() {
     };
     let server = RedisServer::start();
     let rt = runtime();
-    let tier = {
+    let mut admin = rt.block_on(server.conn());
+    // A user refused Functions: its tier runs the same code by EVALSHA.
+    rt.block_on(query(
+        &mut admin,
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("scripts")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-function")
+            .arg("-fcall")
+            .arg("-fcall_ro"),
+    ));
+    let (functions, scripts) = {
         let _entered = rt.enter();
-        RedisTier::new(RedisTierConfig::new(server.url())).expect("a valid config")
+        let tier = |url: String| RedisTier::new(RedisTierConfig::new(url)).expect("a valid config");
+        (tier(server.url()), tier(server.url_as("scripts", "pw")))
     };
     let cases: Vec<(Algorithm, usize, RuleSet)> = ALGORITHMS
         .iter()
         .flat_map(|&alg| [(alg, 1), (alg, 3)])
         .map(|(alg, rules)| (alg, rules, rule_set(alg, rules)))
         .collect();
-    let mut admin = rt.block_on(server.conn());
-    // Load the script, so no measured call meets NOSCRIPT.
-    rt.block_on(tier.check("warm", &cases[0].2, 1))
-        .expect("Redis answers");
+    // Load the library and the script, so no measured call meets a reload.
+    for tier in [&functions, &scripts] {
+        rt.block_on(tier.check("warm", &cases[0].2, 1))
+            .expect("Redis answers");
+    }
+    assert_eq!(functions.script_mode(), Some(ScriptMode::Functions));
+    assert_eq!(scripts.script_mode(), Some(ScriptMode::Scripts));
 
-    let empty: String = rt.block_on(async {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg("return 1")
-            .query_async(&mut admin)
-            .await
-            .expect("SCRIPT LOAD failed")
-    });
+    let load = |admin: &mut MultiplexedConnection, src: &str| -> String {
+        rt.block_on(async {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(src)
+                .query_async(admin)
+                .await
+                .expect("SCRIPT LOAD failed")
+        })
+    };
+    let empty = load(&mut admin, "return 1");
+    let minimal: Vec<String> = MINIMAL.iter().map(|src| load(&mut admin, src)).collect();
     let calls = keys * per_key;
 
-    let mut usec: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    // Per case: the tier by FCALL, by EVALSHA, the minimal script.
+    let mut usec: Vec<[Vec<f64>; 3]> = vec![Default::default(); cases.len()];
     let mut floor = Vec::new();
     for round in 0..rounds {
         let (n, per_call) = rt.block_on(async {
@@ -71,27 +104,60 @@ fn main() {
                     .expect("EVALSHA of the empty script failed");
                 assert_eq!(one, 1);
             }
-            evalsha_stats(&mut admin).await
+            command_stats(&mut admin, "evalsha").await
         });
         assert_eq!(n, calls as u64, "EVALSHA calls counted");
         floor.push(per_call);
         for (i, (alg, rules, set)) in cases.iter().enumerate() {
+            for (way, (tier, command)) in [(&functions, "fcall"), (&scripts, "evalsha")]
+                .into_iter()
+                .enumerate()
+            {
+                let (counted, per_call) = rt.block_on(async {
+                    query(&mut admin, redis::cmd("CONFIG").arg("RESETSTAT")).await;
+                    for k in 0..keys {
+                        let key = format!("r{round}:{command}:k{k}");
+                        for _ in 0..per_key {
+                            let v = tier.check(&key, set, 1).await.expect("Redis answers");
+                            assert!(v.decision.allowed, "{alg:?} x{rules} denied: {v:?}");
+                        }
+                    }
+                    command_stats(&mut admin, command).await
+                });
+                assert_eq!(
+                    counted, calls as u64,
+                    "{command} calls counted: a reload or a retry would skew usec_per_call"
+                );
+                usec[i][way].push(per_call);
+            }
+            let sha = &minimal[(alg.code() - 1) as usize];
             let (counted, per_call) = rt.block_on(async {
                 query(&mut admin, redis::cmd("CONFIG").arg("RESETSTAT")).await;
                 for k in 0..keys {
-                    let key = format!("r{round}:k{k}");
+                    let key = format!("r{round}:minimal:k{k}");
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(sha).arg(set.rules().len());
+                    for r in 0..set.rules().len() {
+                        cmd.arg(set.storage_key(&key, r));
+                    }
+                    cmd.arg("0").arg(1).arg(42);
+                    for r in 0..set.rules().len() {
+                        for arg in set.script_args(r) {
+                            cmd.arg(arg);
+                        }
+                    }
                     for _ in 0..per_key {
-                        let v = tier.check(&key, set, 1).await.expect("Redis answers");
-                        assert!(v.decision.allowed, "{alg:?} x{rules} denied: {v:?}");
+                        let reply: Vec<i64> = cmd
+                            .query_async(&mut admin)
+                            .await
+                            .unwrap_or_else(|e| panic!("minimal {alg:?}: {e}"));
+                        assert_eq!(reply[0], 1, "minimal {alg:?} x{rules} denied");
                     }
                 }
-                evalsha_stats(&mut admin).await
+                command_stats(&mut admin, "evalsha").await
             });
-            assert_eq!(
-                counted, calls as u64,
-                "EVALSHA calls counted: a reload or a retry would skew usec_per_call"
-            );
-            usec[i].push(per_call);
+            assert_eq!(counted, calls as u64, "minimal EVALSHA calls counted");
+            usec[i][2].push(per_call);
         }
     }
     let floor_rounds = floor;
@@ -107,19 +173,40 @@ fn main() {
         "calls_per_round": calls,
         "usec_per_call": { "median": floor.median, "min": floor.min, "max": floor.max },
     }));
-    for ((alg, rules, _), samples) in cases.iter().zip(&usec) {
-        let s = Spread::of(samples).expect("at least one round");
-        // Each round's cost over the same round's floor: a ratio of two things
-        // measured on the same server moments apart.
-        let per_floor: Vec<f64> = samples
-            .iter()
-            .zip(&floor_rounds)
-            .map(|(u, f)| u / f)
-            .collect();
-        let r = Spread::of(&per_floor).expect("at least one round");
+    let spread = |v: &[f64]| Spread::of(v).expect("at least one round");
+    let ratio =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
+    for ((alg, rules, _), [fcall, evalsha, minimal]) in cases.iter().zip(&usec) {
+        let s = spread(fcall);
+        let e = spread(evalsha);
+        let m = spread(minimal);
+        // Each round's cost over the same round's floor, EVALSHA, minimal: a
+        // ratio of two things measured on the same server moments apart.
+        let r = spread(&ratio(fcall, &floor_rounds));
+        let per_evalsha = spread(&ratio(fcall, evalsha));
+        let per_minimal = spread(&ratio(fcall, minimal));
+        let evalsha_per_minimal = spread(&ratio(evalsha, minimal));
         println!(
-            "script_cost/{alg:?}/{rules}: {:.2} us per call [{:.2}-{:.2}] over {rounds} rounds, {:.1}x the empty script [{:.1}-{:.1}]",
-            s.median, s.min, s.max, r.median, r.min, r.max
+            "script_cost/{alg:?}/{rules}: FCALL {:.2} us [{:.2}-{:.2}], EVALSHA {:.2} us [{:.2}-{:.2}], \
+             minimal {:.2} us [{:.2}-{:.2}]; FCALL/EVALSHA {:.2} [{:.2}-{:.2}], \
+             FCALL/minimal {:.2} [{:.2}-{:.2}], EVALSHA/minimal {:.2}; {:.1}x the empty script",
+            s.median,
+            s.min,
+            s.max,
+            e.median,
+            e.min,
+            e.max,
+            m.median,
+            m.min,
+            m.max,
+            per_evalsha.median,
+            per_evalsha.min,
+            per_evalsha.max,
+            per_minimal.median,
+            per_minimal.min,
+            per_minimal.max,
+            evalsha_per_minimal.median,
+            r.median
         );
         harness.record(serde_json::json!({
             "kind": "script_cost",
@@ -127,11 +214,142 @@ fn main() {
             "rules": rules,
             "rounds": rounds,
             "calls_per_round": calls,
+            "how": "FCALL",
             "usec_per_call": { "median": s.median, "min": s.min, "max": s.max },
             "per_empty_script": { "median": r.median, "min": r.min, "max": r.max },
+            "evalsha_usec_per_call": { "median": e.median, "min": e.min, "max": e.max },
+            "minimal_usec_per_call": { "median": m.median, "min": m.min, "max": m.max },
+            "per_evalsha": { "median": per_evalsha.median, "min": per_evalsha.min, "max": per_evalsha.max },
+            "per_minimal": { "median": per_minimal.median, "min": per_minimal.min, "max": per_minimal.max },
         }));
     }
 }
+
+/// A minimal script of each algorithm, in code order, with the check
+/// script's keys and arguments (KEYS: one per rule; ARGV: now, cost, nonce,
+/// then code, limit, period_us, capacity, offset_us per rule): per rule one
+/// read and one write with its expiry (the sliding log: trim, count, add,
+/// expire), every rule checked before any is written, server time, no
+/// argument checks, a reply of 4 integers.
+const MINIMAL: [&str; 5] = [
+    // GCRA: the TAT as an integer string.
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[2])
+local new = {}
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  local tick = tonumber(ARGV[a + 3]) / tonumber(ARGV[a + 2])
+  local tat = tonumber(redis.call('GET', KEYS[i])) or now
+  if tat < now then tat = now end
+  local nt = tat + cost * tick
+  local over = nt - now - tonumber(ARGV[a + 4]) * tick
+  if over > 0 then return { 0, i - 1, math.ceil(over), now } end
+  new[i] = nt
+end
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i], string.format('%d', math.ceil(new[i])), 'PX',
+    string.format('%d', math.ceil((new[i] - now) / 1000)))
+end
+return { 1, 0, 0, now }
+",
+    // Token bucket: a hash {t, ts}.
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[2])
+local left = {}
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  local limit, period, cap = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local s = redis.call('HMGET', KEYS[i], 't', 'ts')
+  local tokens = tonumber(s[1])
+  if tokens then
+    tokens = math.min(cap, tokens + (now - tonumber(s[2])) * limit / period)
+  else
+    tokens = cap
+  end
+  if tokens < cost then return { 0, i - 1, math.ceil((cost - tokens) * period / limit), now } end
+  left[i] = { tokens - cost, math.ceil((cap - tokens + cost) * period / limit / 1000) }
+end
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], 't', string.format('%.17g', left[i][1]), 'ts', string.format('%d', now))
+  redis.call('PEXPIRE', KEYS[i], string.format('%d', math.max(1, left[i][2])))
+end
+return { 1, 0, 0, now }
+",
+    // Sliding log: a sorted set of admissions.
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[2])
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  local limit, period = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - period))
+  if redis.call('ZCARD', KEYS[i]) + cost > limit then return { 0, i - 1, 1, now } end
+end
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  for j = 1, cost do
+    redis.call('ZADD', KEYS[i], string.format('%d', now), now .. ':' .. ARGV[3] .. ':' .. j)
+  end
+  redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(tonumber(ARGV[a + 3]) / 1000)))
+end
+return { 1, 0, 0, now }
+",
+    // Sliding window counter: a hash {w, c, p}.
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[2])
+local new = {}
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  local limit, period = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local cur = math.floor(now / period)
+  local s = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
+  local w, c, p = tonumber(s[1]), tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  if w ~= cur then
+    if w == cur - 1 then p = c else p = 0 end
+    c = 0
+  end
+  if p * (period - (now - cur * period)) / period + c + cost > limit then
+    return { 0, i - 1, 1, now }
+  end
+  new[i] = { cur, c + cost, p, math.ceil(2 * period / 1000) }
+end
+for i = 1, #KEYS do
+  local n = new[i]
+  redis.call('HSET', KEYS[i], 'w', string.format('%d', n[1]), 'c', string.format('%d', n[2]),
+    'p', string.format('%d', n[3]))
+  redis.call('PEXPIRE', KEYS[i], string.format('%d', n[4]))
+end
+return { 1, 0, 0, now }
+",
+    // Fixed window: a counter per window, written with its expiry.
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[2])
+local new = {}
+for i = 1, #KEYS do
+  local a = 3 + 5 * (i - 1)
+  local limit, period = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local cur = math.floor(now / period)
+  local key = KEYS[i] .. ':' .. cur
+  local c = tonumber(redis.call('GET', key)) or 0
+  if c + cost > limit then return { 0, i - 1, (cur + 1) * period - now, now } end
+  new[i] = { key, c + cost, math.ceil(((cur + 1) * period - now) / 1000) }
+end
+for i = 1, #KEYS do
+  local n = new[i]
+  redis.call('SET', n[1], string.format('%d', n[2]), 'PX', string.format('%d', n[3]))
+end
+return { 1, 0, 0, now }
+",
+];
 
 fn rule_set(alg: Algorithm, rules: usize) -> RuleSet {
     let with =
@@ -156,18 +374,19 @@ async fn query(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) {
         .unwrap_or_else(|e| panic!("{cmd:?} failed: {e}"));
 }
 
-/// EVALSHA's calls and microseconds per call since the last reset, from
+/// `command`'s calls and microseconds per call since the last reset, from
 /// `INFO commandstats` (per call computed from the total, for more digits).
-async fn evalsha_stats(conn: &mut MultiplexedConnection) -> (u64, f64) {
+async fn command_stats(conn: &mut MultiplexedConnection, command: &str) -> (u64, f64) {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await
         .expect("INFO commandstats failed");
+    let prefix = format!("cmdstat_{command}:");
     let line = info
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .expect("INFO commandstats has an evalsha line after the checks");
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("INFO commandstats has no {command} line after the checks"));
     let field = |name: &str| -> f64 {
         line.split(',')
             .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))

@@ -174,8 +174,8 @@ fn variants() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Durations in µs of the `EVALSHA` calls the slow log holds, by script
-/// hash; empties it.
+/// Durations in µs of the `EVALSHA` and `FCALL` calls the slow log holds, by
+/// script hash or function name; empties it.
 fn drain_slowlog(conn: &mut redis::Connection, shas: &[(String, f64)], into: &mut [Vec<f64>]) {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
         .arg("GET")
@@ -229,6 +229,7 @@ fn main() {
         "`return 1`, 1 check per call",
         "return 1 -- one check per call".into(),
     ));
+    let scripts = variants.len();
     let mut shas = Vec::new();
     for (name, src) in &variants {
         let sha: String = redis::cmd("SCRIPT")
@@ -242,6 +243,63 @@ fn main() {
             1
         };
         shas.push((sha, checks as f64));
+    }
+    // The same single check and minimal script as Redis Functions (FCALL):
+    // loaded once, so a call runs only the registered function, not the
+    // definitions of the whole file. Told apart in the slow log by name.
+    // A second library has the check without its argument checks (the
+    // batch rows' first cut), to say what they cost a function call.
+    let lean_common = edit(
+        COMMON,
+        "local function int_arg(script, name, s, min, max)\n",
+        "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
+    );
+    for (library_name, common, function) in [
+        ("parts", COMMON, "parts_check"),
+        ("parts_lean", lean_common.as_str(), "parts_check_lean"),
+    ] {
+        let mut library =
+            format!("#!lua name={library_name}\nlocal KEYS, ARGV = {{}}, {{}}\n{common}");
+        for alg in ALGORITHMS {
+            library.push_str(alg);
+        }
+        library.push_str(DECIDE);
+        library.push_str(&format!(
+            "\nredis.register_function('{function}', function(keys, args)\n\
+             KEYS, ARGV, server_now = keys, args, nil\n"
+        ));
+        library.push_str(CHECK_MAIN);
+        library.push_str("\nend)\n");
+        if library_name == "parts" {
+            library.push_str(
+                "redis.register_function('parts_minimal', function(keys, args)\n\
+                 KEYS, ARGV = keys, args\n",
+            );
+            library.push_str(MINIMAL_ONE);
+            library.push_str("\nend)\n");
+        }
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(&library)
+            .query(&mut conn)
+            .expect("FUNCTION LOAD");
+    }
+    for (name, function) in [
+        (
+            "shipped check as a function (FCALL), 1 check per call",
+            "parts_check",
+        ),
+        (
+            "- argument checks (int_arg = tonumber), as a function",
+            "parts_check_lean",
+        ),
+        (
+            "minimal GCRA as a function (FCALL), 1 check per call",
+            "parts_minimal",
+        ),
+    ] {
+        variants.push((name, String::new()));
+        shas.push((function.to_string(), 1.0));
     }
     // Every command goes to the slow log with its own server time.
     for (k, v) in [
@@ -265,15 +323,20 @@ fn main() {
         // Variants interleaved call by call, so noise from the machine falls
         // on all of them alike.
         for _ in 0..CALLS {
-            for (sha, _) in &shas[batch_variants..] {
+            for (v, (sha, _)) in shas.iter().enumerate().skip(batch_variants) {
                 serial += 1;
-                let mut cmd = redis::cmd("EVALSHA");
+                let mut cmd = redis::cmd(if v < scripts { "EVALSHA" } else { "FCALL" });
                 cmd.arg(sha).arg(1);
                 cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
                 cmd.arg("0").arg(1).arg(42);
                 cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
                 let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
             }
+        }
+        drain_slowlog(&mut conn, &shas, &mut per_check);
+        // The batches in a phase of their own: a small call right after a
+        // batch would pay for collecting the batch's garbage.
+        for _ in 0..CALLS {
             for (v, (sha, _)) in shas[..batch_variants].iter().enumerate() {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(sha).arg(BATCH);
@@ -300,7 +363,7 @@ fn main() {
     }
     let mut md = String::from("## Where a check's server time goes\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The last three rows are one check per call, interleaved with the others: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments.\n\n"
+        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The next three rows are one check per call: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments; the last three the same check (whole, then without its argument checks) and minimal script as Redis Functions (`FCALL` of a library loaded once, as the tier runs them on Redis 7). The one-check rows are interleaved call by call among themselves, in each round before the batch rows (interleaved among themselves): a small call right after a batch would pay for collecting the batch's garbage.\n\n"
     ));
     md.push_str("| variant (cumulative) | µs per check (p10–p90) | µs saved |\n");
     md.push_str("|---|---:|---:|\n");
@@ -311,7 +374,9 @@ fn main() {
         let lo = sorted[sorted.len() / 10];
         let hi = sorted[sorted.len() * 9 / 10];
         let part = match v.checked_sub(1) {
-            Some(before) if v != batch_variants => format!("{:.2}", meds[before] - meds[v]),
+            Some(before) if v != batch_variants && v != scripts => {
+                format!("{:.2}", meds[before] - meds[v])
+            }
             _ => "–".to_string(),
         };
         md.push_str(&format!(
@@ -319,6 +384,17 @@ fn main() {
             meds[v]
         ));
     }
+    let (check, minimal) = (meds[batch_variants], meds[batch_variants + 1]);
+    let (fcall, fcall_minimal) = (meds[scripts], meds[scripts + 2]);
+    md.push_str(&format!(
+        "\nOne check per call, medians: the check as a function ÷ as a script {:.2}; \
+         as a function ÷ the minimal GCRA script {:.2}; ÷ the minimal GCRA function {:.2} \
+         (as a script: ÷ the minimal script {:.2}).\n",
+        fcall / check,
+        fcall / minimal,
+        fcall / fcall_minimal,
+        check / minimal,
+    ));
     print!("{md}");
     let dir = std::env::var_os("TIERLIMIT_BENCH_OUT")
         .map(std::path::PathBuf::from)

@@ -163,6 +163,40 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Loads the Functions library ([`LIBRARY`](crate::script::LIBRARY)) where
+    /// a call met `Function not found`, as [`load_script`](Self::load_script)
+    /// loads a script: on one server, there; on a Cluster, on the master of
+    /// `slot` (every master without a slot). Answers the server's reply, an
+    /// error reply as a value (the caller tells "already loaded" and "not
+    /// allowed" apart).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) async fn load_library(&mut self, slot: Option<u16>) -> RedisResult<Value> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(&crate::script::LIBRARY.source);
+        match self {
+            Conn::Single(conn) => conn.send_packed_command(&load).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo,
+                    SingleNodeRoutingInfo, SlotAddr,
+                };
+                let route = match slot {
+                    Some(slot) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::new(slot, SlotAddr::Master),
+                    )),
+                    None => RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    )),
+                };
+                conn.route_command(load, route).await
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

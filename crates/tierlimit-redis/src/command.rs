@@ -1,4 +1,5 @@
-//! The check script's `EVALSHA`, written straight into one command buffer.
+//! The check script's call (`EVALSHA` or `FCALL`), written straight into one
+//! command buffer.
 //!
 //! A check is on every request's path, so its command is built without
 //! intermediate strings: redis-rs's `Cmd` holds the bytes of every argument in
@@ -11,9 +12,8 @@ use std::fmt;
 use redis::{Cmd, RedisWrite};
 use tierlimit_core::RuleSet;
 
-use crate::CHECK;
 use crate::batch::Queued;
-use crate::script::CHECK_BATCH;
+use crate::script::Head;
 
 /// Arguments the check script takes per call besides its keys and the rules'
 /// numbers: now, cost, nonce.
@@ -22,10 +22,18 @@ const CALL_ARGS: usize = 3;
 /// The most bytes a `u64` takes in decimal.
 const U64_DIGITS: usize = 20;
 
-/// `EVALSHA <sha> <numkeys> KEYS... now cost nonce (code limit period capacity offset)...`
-/// for `set` (see `lua/check.lua`); `escaped_key` comes from
+/// `<head> <numkeys> KEYS... now cost nonce (code limit period capacity offset)...`
+/// for `set` (see `lua/check.lua`), `head` being `EVALSHA <sha>` or `FCALL
+/// <function>` of the check; `escaped_key` comes from
 /// [`escape_key`](tierlimit_core::escape_key), `now` is 0 for the server's time.
-pub(crate) fn check(set: &RuleSet, escaped_key: &str, now: u64, cost: u64, nonce: u64) -> Cmd {
+pub(crate) fn check(
+    head: Head,
+    set: &RuleSet,
+    escaped_key: &str,
+    now: u64,
+    cost: u64,
+    nonce: u64,
+) -> Cmd {
     let rules = set.rules().len();
     let keys_len: usize = (0..rules)
         .map(|i| StorageKey::new(set, escaped_key, i).len())
@@ -34,12 +42,12 @@ pub(crate) fn check(set: &RuleSet, escaped_key: &str, now: u64, cost: u64, nonce
         .flat_map(|i| set.script_args(i))
         .map(str::len)
         .sum();
-    let hash = CHECK.get_hash();
     let mut cmd = Cmd::with_capacity(
         3 + rules + CALL_ARGS + 5 * rules,
-        "EVALSHA".len() + hash.len() + U64_DIGITS * (1 + CALL_ARGS) + keys_len + rule_args_len,
+        head.len() + U64_DIGITS * (1 + CALL_ARGS) + keys_len + rule_args_len,
     );
-    cmd.arg("EVALSHA").arg(hash).arg(rules);
+    head.write(&mut cmd);
+    cmd.arg(rules);
     for i in 0..rules {
         // Cmd writes a Display straight into its buffer (no String between).
         cmd.write_arg_fmt(StorageKey::new(set, escaped_key, i));
@@ -53,10 +61,11 @@ pub(crate) fn check(set: &RuleSet, escaped_key: &str, now: u64, cost: u64, nonce
     cmd
 }
 
-/// `EVALSHA <sha> <numkeys> KEYS... n g (rules (code limit period capacity offset)...)... (set now cost nonce)...`
-/// of the batch script for `batch`, in order (see `lua/check_batch.lua`):
-/// each distinct rule set's numbers once, each check naming its set.
-pub(crate) fn check_batch(batch: &[Queued]) -> Cmd {
+/// `<head> <numkeys> KEYS... n g (rules (code limit period capacity offset)...)... (set now cost nonce)...`
+/// of the batch script (or function: `head`) for `batch`, in order (see
+/// `lua/check_batch.lua`): each distinct rule set's numbers once, each check
+/// naming its set.
+pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
     // Sets are told apart by their numbers (what the script reads), so two
     // sets of equal rules share one entry. Few sets per batch: a linear scan.
     let mut sets: Vec<&RuleSet> = Vec::new();
@@ -91,17 +100,16 @@ pub(crate) fn check_batch(batch: &[Queued]) -> Cmd {
         })
         .sum();
     let set_args: usize = sets.iter().map(|s| 1 + 5 * s.rules().len()).sum();
-    let hash = CHECK_BATCH.get_hash();
     let mut cmd = Cmd::with_capacity(
         5 + keys + set_args + batch.len() * (1 + CALL_ARGS),
-        "EVALSHA".len()
-            + hash.len()
+        head.len()
             + 3 * U64_DIGITS
             + keys_len
             + sets_len
             + batch.len() * U64_DIGITS * (1 + CALL_ARGS),
     );
-    cmd.arg("EVALSHA").arg(hash).arg(keys);
+    head.write(&mut cmd);
+    cmd.arg(keys);
     for q in batch {
         for i in 0..q.set.rules().len() {
             cmd.write_arg_fmt(StorageKey::new(&q.set, &q.escaped, i));
@@ -162,6 +170,8 @@ impl fmt::Display for StorageKey<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CHECK;
+    use crate::script::{Routine, ScriptMode};
     use tierlimit_core::{Rule, escape_key};
 
     fn sets() -> [RuleSet; 2] {
@@ -209,11 +219,23 @@ mod tests {
         for set in sets() {
             for key in ["user:42", "a{b}%c", "{}{}%%", "k"] {
                 for (now, cost, nonce) in [(0, 1, 0), (u64::MAX, u64::MAX, u64::MAX)] {
-                    let ours = check(&set, &escape_key(key), now, cost, nonce);
+                    let head = Routine::Check.head(ScriptMode::Scripts);
+                    let ours = check(head, &set, &escape_key(key), now, cost, nonce);
                     let theirs = reference(&set, key, now, cost, nonce);
                     assert_eq!(
                         String::from_utf8_lossy(&ours.get_packed_command()),
                         String::from_utf8_lossy(&theirs.get_packed_command()),
+                        "{} / {key}",
+                        set.name()
+                    );
+                    // The FCALL differs in its first two arguments only, and
+                    // turns back into the same EVALSHA.
+                    let head = Routine::Check.head(ScriptMode::Functions);
+                    let fcall = check(head, &set, &escape_key(key), now, cost, nonce);
+                    let back = crate::script::as_evalsha(&fcall).expect("a check call");
+                    assert_eq!(
+                        back.get_packed_command(),
+                        theirs.get_packed_command(),
                         "{} / {key}",
                         set.name()
                     );

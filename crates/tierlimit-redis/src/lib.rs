@@ -10,7 +10,10 @@
 //! sliding log, sliding window counter, fixed and calendar windows); time comes
 //! from the server unless [`TimeSource::Client`] is chosen. The scripts live in
 //! the workspace's `lua/` folder, each opened by a comment stating its keys,
-//! arguments and reply.
+//! arguments and reply. On Redis 7 and later they run as one Functions
+//! library (`FUNCTION LOAD` once per server, `FCALL` per call), so the
+//! algorithms are not defined again on every call; elsewhere, or when the
+//! ACL forbids it, as scripts by `EVALSHA` ([`RedisTier::script_mode`]).
 //!
 //! # Examples
 //!
@@ -95,7 +98,7 @@ pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,
-    TOKEN_BUCKET,
+    ScriptMode, TOKEN_BUCKET,
 };
 pub use tier::RedisTier;
 pub use tierlimit_core::RuleState;

@@ -3,8 +3,8 @@
 use redis::{Cmd, RedisWrite, Value};
 use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key};
 
-use crate::RECONCILE;
 use crate::failure::classify_server;
+use crate::script::Head;
 
 /// How long past an entry's last relevant moment its batch marker is kept, so
 /// a batch re-sent late (after a long outage, or across clock skew between
@@ -61,9 +61,11 @@ pub enum Written {
     Refused(String),
 }
 
-/// `EVALSHA` of the reconcile script for one entry (see `lua/reconcile.lua`),
-/// written into one buffer sized up front (`now_arg` 0 means server time).
+/// A call (`head`: `EVALSHA` or `FCALL`) of the reconcile script for one
+/// entry (see `lua/reconcile.lua`), written into one buffer sized up front
+/// (`now_arg` 0 means server time).
 pub(crate) fn reconcile_cmd(
+    head: Head,
     entry: &LedgerEntry,
     batch_id: &str,
     now_arg: u64,
@@ -79,17 +81,12 @@ pub(crate) fn reconcile_cmd(
         .div_ceil(1_000)
         .saturating_add(MARKER_MARGIN_MS);
     let key = &entry.storage_key;
-    let hash = RECONCILE.get_hash();
     let mut cmd = Cmd::with_capacity(
         5 + NUMBERS,
-        "EVALSHA".len()
-            + hash.len()
-            + 2 * key.len()
-            + MARKER.len()
-            + 2 * batch_id.len()
-            + 20 * NUMBERS,
+        head.len() + 2 * key.len() + MARKER.len() + 2 * batch_id.len() + 20 * NUMBERS,
     );
-    cmd.arg("EVALSHA").arg(hash).arg(2).arg(key);
+    head.write(&mut cmd);
+    cmd.arg(2).arg(key);
     cmd.write_arg_fmt(format_args!("{key}{MARKER}{batch_id}"));
     cmd.arg(now_arg)
         .arg(rule.algorithm().code())
@@ -122,6 +119,7 @@ pub(crate) type Parts = Option<Vec<Vec<Part>>>;
 /// marker of the batch id, so a re-sent write-back changes no stripe twice.
 pub(crate) fn add_reconcile_cmds(
     mut add: impl FnMut(Cmd, &str),
+    head: Head,
     entry: &LedgerEntry,
     batch_id: &str,
     now_arg: u64,
@@ -142,7 +140,7 @@ pub(crate) fn add_reconcile_cmds(
             .into_iter()
             .map(|(part, e)| {
                 add(
-                    reconcile_cmd(&e, batch_id, now_arg, local_now_us),
+                    reconcile_cmd(head, &e, batch_id, now_arg, local_now_us),
                     &e.storage_key,
                 );
                 part
@@ -153,7 +151,7 @@ pub(crate) fn add_reconcile_cmds(
         // whose key the entry names, so nothing is lost.
         None => {
             add(
-                reconcile_cmd(entry, batch_id, now_arg, local_now_us),
+                reconcile_cmd(head, entry, batch_id, now_arg, local_now_us),
                 &entry.storage_key,
             );
             vec![(0, entry.units)]

@@ -182,6 +182,190 @@ pub static RECONCILE: LazyLock<Script> = LazyLock::new(|| Script::new(RECONCILE_
 
 const RECONCILE_SOURCE: &str = with_algorithms!("../lua/reconcile.lua");
 
+/// What runs a check on the server: the scripts above by `EVALSHA`, or the
+/// same code as one Redis Functions library by `FCALL`.
+///
+/// A tier chooses when it first talks to a server (see
+/// [`RedisTier::script_mode`](crate::RedisTier::script_mode)): Functions when
+/// the server has them (Redis 7 and later) and lets this user load the
+/// library, scripts otherwise. Both decide the same way: the library is built
+/// from the same `lua/` files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScriptMode {
+    /// `FCALL` of the library's functions, loaded once per server with
+    /// `FUNCTION LOAD`: the algorithms are defined once, not on every call.
+    Functions,
+    /// `EVALSHA` of the scripts ([`CHECK`] and the others), for servers
+    /// older than Redis 7 or users the ACL does not let load functions.
+    Scripts,
+}
+
+/// One of the programs a tier runs on the server, as a script or as a
+/// function of the library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Routine {
+    Check,
+    CheckBatch,
+    Heartbeat,
+    Reconcile,
+}
+
+impl Routine {
+    const ALL: [Routine; 4] = [
+        Routine::Check,
+        Routine::CheckBatch,
+        Routine::Heartbeat,
+        Routine::Reconcile,
+    ];
+
+    /// The script of this routine, for `EVALSHA`.
+    pub(crate) fn script(self) -> &'static Script {
+        match self {
+            Routine::Check => &CHECK,
+            Routine::CheckBatch => &CHECK_BATCH,
+            Routine::Heartbeat => &HEARTBEAT,
+            Routine::Reconcile => &RECONCILE,
+        }
+    }
+
+    /// The name of this routine's function in the library, for `FCALL`.
+    pub(crate) fn function(self) -> &'static str {
+        let names = &LIBRARY.functions;
+        match self {
+            Routine::Check => &names[0],
+            Routine::CheckBatch => &names[1],
+            Routine::Heartbeat => &names[2],
+            Routine::Reconcile => &names[3],
+        }
+    }
+
+    /// The head of a call of this routine in `mode`: the command and what it
+    /// names (the script's SHA1 or the function).
+    pub(crate) fn head(self, mode: ScriptMode) -> Head {
+        match mode {
+            ScriptMode::Functions => Head {
+                command: "FCALL",
+                name: self.function(),
+            },
+            ScriptMode::Scripts => Head {
+                command: "EVALSHA",
+                name: self.script().get_hash(),
+            },
+        }
+    }
+
+    /// The routine a call (`EVALSHA <sha>` or `FCALL <function>`) names, and
+    /// how it is called; `None` for any other command.
+    pub(crate) fn of(cmd: &redis::Cmd) -> Option<(Routine, ScriptMode)> {
+        let mut args = cmd.args_iter();
+        let (Some(redis::Arg::Simple(command)), Some(redis::Arg::Simple(name))) =
+            (args.next(), args.next())
+        else {
+            return None;
+        };
+        let mode = if command.eq_ignore_ascii_case(b"FCALL") {
+            ScriptMode::Functions
+        } else if command.eq_ignore_ascii_case(b"EVALSHA") {
+            ScriptMode::Scripts
+        } else {
+            return None;
+        };
+        Routine::ALL
+            .into_iter()
+            .find(|r| r.head(mode).name.as_bytes() == name)
+            .map(|r| (r, mode))
+    }
+}
+
+/// The first two arguments of a script call: `EVALSHA <sha>` or
+/// `FCALL <function>`; the keys and arguments after them are the same.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Head {
+    pub(crate) command: &'static str,
+    pub(crate) name: &'static str,
+}
+
+impl Head {
+    /// Bytes the two arguments take.
+    pub(crate) fn len(self) -> usize {
+        self.command.len() + self.name.len()
+    }
+
+    /// Writes the two arguments into `cmd`.
+    pub(crate) fn write(self, cmd: &mut redis::Cmd) {
+        cmd.arg(self.command).arg(self.name);
+    }
+}
+
+/// `cmd`, a call of a routine, as an `EVALSHA` of its script (the same keys
+/// and arguments); `None` when `cmd` is no such call.
+pub(crate) fn as_evalsha(cmd: &redis::Cmd) -> Option<redis::Cmd> {
+    let (routine, _) = Routine::of(cmd)?;
+    let mut out = redis::cmd("EVALSHA");
+    out.arg(routine.script().get_hash());
+    for arg in cmd.args_iter().skip(2) {
+        match arg {
+            redis::Arg::Simple(bytes) => out.arg(bytes),
+            // Our calls have no cursor (a SCAN's): nothing else to copy.
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+/// The Functions library: the check, batch, heartbeat and reconcile scripts'
+/// code as one Lua library, and the names it registers.
+pub(crate) struct Library {
+    /// The library's source, for `FUNCTION LOAD`.
+    pub(crate) source: String,
+    /// The functions of [`Routine::ALL`], in that order.
+    functions: [String; 4],
+}
+
+/// The library, named after the SHA1 of its source, as scripts are: two
+/// versions of tierlimit sharing a server each find their own functions, and
+/// a load never replaces another version's.
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let hash = Script::new(LIBRARY_TEMPLATE).get_hash().to_owned();
+    let id = &hash[..16];
+    let functions = ["check", "check_batch", "heartbeat", "reconcile"]
+        .map(|routine| format!("tierlimit_{routine}_{id}"));
+    let mut source = LIBRARY_TEMPLATE.replace("@ID@", id);
+    source.insert_str(0, &format!("#!lua name=tierlimit_{id}\n"));
+    Library { source, functions }
+});
+
+/// The library, its names still to be filled in (`@ID@`).
+///
+/// The fragments (algorithms, decision) are defined once, when the library
+/// loads; each registered function is one script's main body. The
+/// fragments read `KEYS` and `ARGV` as scripts do, so the library declares
+/// them once as locals every function sets to its own keys and arguments on
+/// entry, and resets decide.lua's `server_now` (read at most once per call).
+/// No function is `no-writes` (every one may write), so none is called with
+/// `FCALL_RO`.
+const LIBRARY_TEMPLATE: &str = concat!(
+    "local KEYS, ARGV = {}, {}\n",
+    with_algorithms!("../lua/decide.lua"),
+    "\nredis.register_function('tierlimit_check_@ID@', function(keys, args)\n",
+    "KEYS, ARGV, server_now = keys, args, nil\n",
+    include_str!("../lua/check.lua"),
+    "\nend)\n",
+    "redis.register_function('tierlimit_check_batch_@ID@', function(keys, args)\n",
+    "KEYS, ARGV, server_now = keys, args, nil\n",
+    include_str!("../lua/check_batch.lua"),
+    "\nend)\n",
+    "redis.register_function('tierlimit_heartbeat_@ID@', function(keys, args)\n",
+    "KEYS, ARGV = keys, args\n",
+    include_str!("../lua/heartbeat.lua"),
+    "\nend)\n",
+    "redis.register_function('tierlimit_reconcile_@ID@', function(keys, args)\n",
+    "KEYS, ARGV = keys, args\n",
+    include_str!("../lua/reconcile.lua"),
+    "\nend)\n",
+);
+
 /// The source of one of this crate's scripts, for a `SCRIPT LOAD` sent to one
 /// chosen Cluster node (redis-rs's `Script` keeps its source to itself, and
 /// its own load goes to every node at once, failing while one is down).

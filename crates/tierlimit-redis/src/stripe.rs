@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::batch::{CheckKey, Checked};
 use crate::failure::timeout;
 use crate::reconcile::{Part, Parts, fold, reconcile_cmd, stripe_entry, written, written_parts};
+use crate::script::Routine;
 use crate::{CheckRequest, RedisTier, Verdict, WriteBack, Written};
 
 /// The stripe a check asks first: one at random, so checks of a hot key from
@@ -283,6 +284,7 @@ impl RedisTier {
     /// `more`.
     async fn spill(&self, writes: &[WriteBack<'_>], mut spills: Vec<Spill>, more: &mut [u64]) {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
+        let head = self.head(Routine::Reconcile);
         let mut round = 1;
         while !spills.is_empty() {
             round += 1;
@@ -300,7 +302,7 @@ impl RedisTier {
                         .flatten()
                     {
                         let slot = self.slot_of_key(&e.storage_key);
-                        cmds.push((reconcile_cmd(&e, &id, now_arg, local_now_us), slot));
+                        cmds.push((reconcile_cmd(head, &e, &id, now_arg, local_now_us), slot));
                         parts.push((stripe, units));
                     }
                 }

@@ -4,15 +4,13 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::ConnectionManagerConfig;
 use redis::io::tcp::TcpSettings;
-use redis::{
-    Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
-};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 use tierlimit_core::{
     Clock, Error, MAX_EXACT, RedisFailure, Result, RuleSet, SystemClock, escape_key, stripe_key,
     validate_key,
@@ -25,10 +23,10 @@ use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
 use crate::nodes::{Nodes, SlotMap};
 use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
-use crate::script::CHECK_BATCH;
+use crate::script::{Head, Routine, ScriptMode, as_evalsha};
 use crate::stripe::{first_stripe, stripe_set};
 use crate::verdict::parse_verdict;
-use crate::{CHECK, CheckRequest, HEARTBEAT, RECONCILE, RedisTierConfig, TimeSource, Verdict};
+use crate::{CheckRequest, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 
 /// On a Cluster, how long a master that failed a call is not asked: checks of
 /// its slots get [`RedisFailure::NodeDown`] at once meanwhile. Long enough
@@ -43,6 +41,19 @@ const PING_TRIES: u32 = 3;
 /// How often the slot map is read while a master is down.
 const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
 
+/// [`Inner::mode`]: not chosen yet (the next call tries Functions).
+const MODE_UNKNOWN: u8 = 0;
+/// [`Inner::mode`]: [`ScriptMode::Functions`].
+const MODE_FUNCTIONS: u8 = 1;
+/// [`Inner::mode`]: [`ScriptMode::Scripts`].
+const MODE_SCRIPTS: u8 = 2;
+
+/// The most times one command (or one pipeline's command) is sent: a
+/// library or script reload, or a switch to `EVALSHA`, each costs one more
+/// send, and the longest chain (`FCALL` meets `Function not found`, the load
+/// is refused, the `EVALSHA` meets `NOSCRIPT`, the script is loaded) is 3.
+const MAX_SENDS: usize = 4;
+
 /// The global tier: checks rule sets on Redis with the scripts in `lua/`.
 ///
 /// * Creating it does no I/O: the connection is made on first use, under that
@@ -50,8 +61,12 @@ const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// * Every call (connecting, script reloads and pipelines included) ends by
 ///   its [deadline](RedisTierConfig::deadline); past it the call fails with
 ///   [`RedisFailure::Timeout`](tierlimit_core::RedisFailure::Timeout).
-/// * Scripts run by `EVALSHA` and are reloaded when the server lost them
-///   (`SCRIPT FLUSH`, a restart), for single and pipelined checks alike.
+/// * The check code runs as a Redis Functions library (`FCALL`) when the
+///   server has Functions and lets the user load the library, else as
+///   scripts (`EVALSHA`); see [`script_mode`](Self::script_mode). Either is
+///   reloaded when the server lost it (`FUNCTION FLUSH`, `SCRIPT FLUSH`, a
+///   restart), for single and pipelined checks alike, and a call that ran is
+///   never sent twice.
 /// * Redis faults come back as [`Error::Redis`], classified by
 ///   [`RedisFailure`](tierlimit_core::RedisFailure) with the redis-rs error as
 ///   the source; bad input comes back before any I/O.
@@ -99,6 +114,9 @@ struct Inner {
     /// The reconcile script was loaded on the server since the connections
     /// were last dropped (every probe drops them); see [`RedisTier::check_after`].
     reconcile_loaded: AtomicBool,
+    /// Functions or scripts (`MODE_*`): chosen by the first call on a
+    /// connection, chosen again after the connections are dropped or replaced.
+    mode: AtomicU8,
     /// Checks waiting for the call in flight (see `batch.rs`).
     batcher: Batcher,
     /// On a Cluster: which master serves each slot, and which failed lately.
@@ -169,6 +187,7 @@ impl RedisTier {
                 replacing: AtomicBool::new(false),
                 replaced: AtomicU64::new(0),
                 reconcile_loaded: AtomicBool::new(false),
+                mode: AtomicU8::new(MODE_UNKNOWN),
                 batcher: Batcher::new(config.max_batch),
                 nodes: Nodes::new(NODE_DOWN_FOR),
                 refreshing: AtomicBool::new(false),
@@ -189,6 +208,42 @@ impl RedisTier {
     /// not stop the checks bound for the others. Computed locally, no I/O.
     pub fn slot_of(&self, key: &CheckKey<'_>) -> Option<u16> {
         self.is_cluster().then(|| check_slot(key.escaped()))
+    }
+
+    /// How this tier runs its Lua on the server: [`ScriptMode::Functions`]
+    /// (`FCALL` of a library loaded once per server) or
+    /// [`ScriptMode::Scripts`] (`EVALSHA`); `None` until a call has chosen.
+    ///
+    /// The first script call on a connection tries Functions: `FCALL`, and
+    /// when the server lacks the library, `FUNCTION LOAD` and `FCALL` again.
+    /// A server without Functions (older than Redis 7: `unknown command`) or
+    /// a user the ACL refuses `FCALL` or `FUNCTION LOAD` (`NOPERM`) makes the
+    /// tier use scripts instead, for that call and the next ones, until the
+    /// connections are dropped or replaced (then the next call chooses again).
+    /// Either way a call that ran is never sent twice, and decisions are the
+    /// same: the library is built from the same Lua files as the scripts.
+    ///
+    /// The library is named after the hash of its code
+    /// (`tierlimit_<16 hex digits>`), so versions sharing a server never
+    /// replace one another's. Unlike scripts, libraries are kept with the
+    /// data (RDB, AOF, replicas): one a version no longer used left behind
+    /// stays until `FUNCTION DELETE` removes it.
+    pub fn script_mode(&self) -> Option<ScriptMode> {
+        match self.inner.mode.load(Ordering::Relaxed) {
+            MODE_FUNCTIONS => Some(ScriptMode::Functions),
+            MODE_SCRIPTS => Some(ScriptMode::Scripts),
+            _ => None,
+        }
+    }
+
+    /// The head of a call of `routine` as this tier sends it now: `FCALL`
+    /// unless the tier chose scripts.
+    pub(crate) fn head(&self, routine: Routine) -> Head {
+        if self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS {
+            routine.head(ScriptMode::Scripts)
+        } else {
+            routine.head(ScriptMode::Functions)
+        }
     }
 
     /// The hard bound on every call.
@@ -315,11 +370,12 @@ impl RedisTier {
         now: u64,
         nonce: u64,
     ) -> Result<Verdict> {
-        let cmd = &command::check(set, escaped, now, cost, nonce);
+        let head = self.head(Routine::Check);
+        let cmd = &command::check(head, set, escaped, now, cost, nonce);
         let slot = self.slot_of_check(escaped);
         let reply = self
             .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
-                send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
+                send_refused_once(conn, |c| self.run(c, cmd, slot))
             })
             .await
             .map_err(Failure::into_error)?;
@@ -384,10 +440,11 @@ impl RedisTier {
         };
         let budget = deadline - now;
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
-            let cmd = &command::check(&q.set, &q.escaped, q.now, q.cost, q.nonce);
+            let head = self.head(Routine::Check);
+            let cmd = &command::check(head, &q.set, &q.escaped, q.now, q.cost, q.nonce);
             let reply = self
                 .call_slot(&self.inner.conn, budget, slot, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK, cmd, slot))
+                    send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
             vec![
@@ -396,10 +453,10 @@ impl RedisTier {
                     .and_then(|r| parse_verdict(r, &q.set)),
             ]
         } else {
-            let cmd = &command::check_batch(&batch);
+            let cmd = &command::check_batch(self.head(Routine::CheckBatch), &batch);
             let reply = self
                 .call_slot(&self.inner.conn, budget, slot, |conn| {
-                    send_refused_once(conn, |c| evalsha(c, &CHECK_BATCH, cmd, slot))
+                    send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
             match reply {
@@ -483,8 +540,7 @@ impl RedisTier {
             }
         }
         if !cmds.is_empty() {
-            let scripts: [&Script; 1] = [&CHECK];
-            let (replies, failures) = self.pipelined(&self.inner.conn, &scripts, cmds).await;
+            let (replies, failures) = self.pipelined(&self.inner.conn, cmds).await;
             if replies.iter().all(Option::is_none)
                 && let Some(Some(failure)) = failures.first()
             {
@@ -547,9 +603,9 @@ impl RedisTier {
                     "heartbeat ttl must be 1 ms to 2^53 µs (got {ttl:?})"
                 ))
             })?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(HEARTBEAT.get_hash())
-            .arg(1)
+        let mut cmd = Cmd::new();
+        self.head(Routine::Heartbeat).write(&mut cmd);
+        cmd.arg(1)
             .arg(zset_key)
             .arg(self.now_arg())
             .arg(instance_id)
@@ -561,7 +617,7 @@ impl RedisTier {
             0
         };
         let reply = self
-            .call(|conn| send_refused_once(conn, |c| evalsha(c, &HEARTBEAT, cmd, slot)))
+            .call(|conn| send_refused_once(conn, |c| self.run(c, cmd, slot)))
             .await
             .map_err(Failure::into_error)?;
         redis::from_redis_value(reply).map_err(|e| {
@@ -606,8 +662,7 @@ impl RedisTier {
         &self,
         cmds: Vec<(Cmd, u16)>,
     ) -> Result<Vec<Result<Value>>> {
-        let scripts: [&Script; 1] = [&RECONCILE];
-        let (replies, failures) = self.pipelined(&self.inner.bulk, &scripts, cmds).await;
+        let (replies, failures) = self.pipelined(&self.inner.bulk, cmds).await;
         if failures.iter().all(Option::is_some)
             && let Some(Some(failure)) = failures.first()
         {
@@ -623,15 +678,14 @@ impl RedisTier {
             .collect())
     }
 
-    /// Sends `cmds` (`EVALSHA`s of `scripts`, each with its keys' slot)
-    /// pipelined on the connection in `conn`, under the deadline, reloading
-    /// scripts the server lost: one pipeline on one server; on a Cluster one
+    /// Sends `cmds` (script calls, each with its keys' slot) pipelined on the
+    /// connection in `conn`, under the deadline, reloading what the server
+    /// lost (see [`pipeline_routines`](Self::pipeline_routines)): one pipeline on one server; on a Cluster one
     /// per slot, all sent at once. Answers each command's reply (`None` when
     /// none came) and the failure of its pipeline, if it failed.
     async fn pipelined(
         &self,
         conn: &ArcSwapOption<Conn>,
-        scripts: &[&Script],
         cmds: Vec<(Cmd, u16)>,
     ) -> (Vec<Option<Value>>, Vec<Option<Failure>>) {
         let count = cmds.len();
@@ -643,7 +697,7 @@ impl RedisTier {
             let mut replies: Vec<Option<Value>> = vec![None; count];
             let outcome = self
                 .call_on(conn, self.inner.deadline, |c| {
-                    pipeline_scripts(c, scripts, &pipe, &mut replies, None)
+                    self.pipeline_routines(c, &pipe, &mut replies, None)
                 })
                 .await;
             return (replies, vec![outcome.err(); count]);
@@ -669,7 +723,7 @@ impl RedisTier {
                 let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
                 let outcome = self
                     .call_slot(conn, self.inner.deadline, *slot, |c| {
-                        pipeline_scripts(c, scripts, pipe, &mut replies, Some(*slot))
+                        self.pipeline_routines(c, pipe, &mut replies, Some(*slot))
                     })
                     .await;
                 (replies, outcome.err())
@@ -723,6 +777,7 @@ impl RedisTier {
         // A striped set's check asks one stripe here, the others after.
         let stripe = first_stripe(set);
         let check = command::check(
+            self.head(Routine::Check),
             stripe_set(set, stripe),
             key.striped(stripe).escaped(),
             self.now_arg(),
@@ -732,22 +787,24 @@ impl RedisTier {
         let (mut pipe, parts) = self.writeback_pipeline(writes, 1)?;
         pipe.add_command(check);
         let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
-        let scripts: [&Script; 2] = [&RECONCILE, &CHECK];
         // A server that restarted since holds the check script (every check
         // loads it) but maybe not the reconcile script: the pipeline would get
         // NOSCRIPT for the write-backs only, run the check, and re-send them
         // after it. So the reconcile script is loaded first, once per
-        // connection, under the same deadline as the pipeline.
+        // connection, under the same deadline as the pipeline. (The library
+        // holds both: with Functions, both are there or neither.)
         let loaded = &self.inner.reconcile_loaded;
+        let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
         self.call(|conn| async {
-            if !loaded.load(Ordering::Acquire) {
+            if scripts && !loaded.load(Ordering::Acquire) {
                 send_refused_once(conn.clone(), |mut c| async move {
                     RECONCILE.load_async(&mut c).await
                 })
                 .await?;
                 loaded.store(true, Ordering::Release);
             }
-            pipeline_scripts(conn, &scripts, &pipe, &mut replies, None).await
+            self.pipeline_routines(conn, &pipe, &mut replies, None)
+                .await
         })
         .await
         .map_err(Failure::into_error)?;
@@ -835,6 +892,7 @@ impl RedisTier {
         mut add: impl FnMut(Cmd, &str),
     ) -> Result<Parts> {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
+        let head = self.head(Routine::Reconcile);
         let mut parts = writes
             .iter()
             .any(|w| w.entry.stripes > 1)
@@ -844,13 +902,14 @@ impl RedisTier {
             match &mut parts {
                 Some(parts) => parts.push(add_reconcile_cmds(
                     &mut add,
+                    head,
                     w.entry,
                     w.id,
                     now_arg,
                     local_now_us,
                 )),
                 None => add(
-                    reconcile_cmd(w.entry, w.id, now_arg, local_now_us),
+                    reconcile_cmd(head, w.entry, w.id, now_arg, local_now_us),
                     &w.entry.storage_key,
                 ),
             }
@@ -892,6 +951,7 @@ impl RedisTier {
         self.inner.conn.store(None);
         self.inner.bulk.store(None);
         self.inner.reconcile_loaded.store(false, Ordering::Release);
+        self.inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
     }
 
     /// Starts building a fresh connection in the background and swaps it in
@@ -901,8 +961,9 @@ impl RedisTier {
     /// hung server (SIGSTOP, a blackholed route) every call would keep paying
     /// the full deadline on the dead socket: the circuit breaker calls this
     /// after some consecutive timeouts. If the replacement cannot connect
-    /// within the connect timeout plus the deadline, the current connection
-    /// stays. Returns false when a replacement is already under way. Outside
+    /// within the connect timeout plus the deadline (on a Cluster, plus
+    /// three deadlines: its `PING` may wait once for a hung seed), the
+    /// current connection stays. Returns false when a replacement is already under way. Outside
     /// a Tokio runtime it only drops the current connection, so the next call
     /// makes a new one. The reconcile batches' connection is dropped at once
     /// either way: nothing waits on it, and the next batch connects afresh.
@@ -945,6 +1006,7 @@ impl RedisTier {
             match tokio::time::timeout(inner.replace_budget, connect).await {
                 Ok(Ok(fresh)) => {
                     inner.conn.store(Some(Arc::new(fresh)));
+                    inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
                     inner.renew.store(0, Ordering::Release);
                     tracing::info!("replaced the Redis connection");
@@ -971,6 +1033,7 @@ impl RedisTier {
         validate_key(key)?;
         set.validate_cost(cost)?;
         Ok(command::check(
+            self.head(Routine::Check),
             stripe_set(set, stripe),
             &stripe_key(&escape_key(key), stripe),
             self.now_arg(),
@@ -1392,67 +1455,278 @@ where
     }
 }
 
-/// Sends `cmd`, an `EVALSHA` of `script`, and answers its reply, an error
-/// reply as an error. When the server lost the script (`SCRIPT FLUSH`, a
-/// restart), loads it and sends `cmd` once more, as redis-rs's
-/// `ScriptInvocation` does; called directly rather than through it, so a check
-/// builds one command and no boxed future. On a Cluster the script is
-/// loaded on the master of `slot` (`cmd`'s keys' slot), the node that answered.
-async fn evalsha(mut conn: Conn, script: &Script, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
-    let mut reply = conn.send_packed_command(cmd).await?;
-    if is_noscript(&reply) {
-        conn.load_script(script, Some(slot)).await?;
-        reply = conn.send_packed_command(cmd).await?;
+/// What a script call's reply asks for before its command is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Need {
+    /// Nothing: the reply is the call's answer (a value or an error).
+    Nothing,
+    /// `FCALL` met `Function not found`: load the library, send it again
+    /// (or, when the load is refused, send it as `EVALSHA`).
+    Library(Routine),
+    /// `EVALSHA` met `NOSCRIPT`: load the script, send it again.
+    Script(Routine),
+    /// `FCALL` cannot run here (no Functions, not allowed, or refused whole
+    /// under `maxmemory`): send it as `EVALSHA`.
+    AsScript(Routine),
+}
+
+impl RedisTier {
+    /// What `reply`, the answer to `cmd`, needs (see [`Need`]); notes the
+    /// script mode a reply proves: an `FCALL` that ran means Functions, one
+    /// the server does not know or the ACL refuses means scripts. A call
+    /// whose reply asks for more did not run: it is safe to send again.
+    fn need(&self, cmd: &Cmd, reply: &Value) -> Need {
+        let Some((routine, mode)) = Routine::of(cmd) else {
+            return Need::Nothing;
+        };
+        if mode == ScriptMode::Scripts {
+            return if is_noscript(reply) {
+                Need::Script(routine)
+            } else {
+                Need::Nothing
+            };
+        }
+        match function_fault(reply) {
+            None => {
+                let _ = self.inner.mode.compare_exchange(
+                    MODE_UNKNOWN,
+                    MODE_FUNCTIONS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                Need::Nothing
+            }
+            Some(FunctionFault::Missing) => Need::Library(routine),
+            Some(FunctionFault::Unsupported) => {
+                self.use_scripts("FCALL refused");
+                Need::AsScript(routine)
+            }
+            // Refused before it ran (a function that may write is refused
+            // whole under maxmemory, where a script runs until its first
+            // write): as a script, a denial still reads and answers.
+            Some(FunctionFault::OutOfMemory) => Need::AsScript(routine),
+        }
     }
-    match reply {
-        Value::ServerError(e) => Err(e.into()),
-        reply => Ok(reply),
+
+    /// From now on (until the connections are dropped or replaced), calls go
+    /// by `EVALSHA`.
+    fn use_scripts(&self, why: &str) {
+        if self.inner.mode.swap(MODE_SCRIPTS, Ordering::Relaxed) != MODE_SCRIPTS {
+            tracing::info!(why, "Redis Functions not usable here: using EVALSHA");
+        }
+    }
+
+    /// Loads the library where the call for `slot` ran: true when the server
+    /// has it now (loaded, or loaded already by another client), false when
+    /// the load was refused (the calls then go as scripts; a server without
+    /// `FUNCTION` or a user not allowed it switches the tier to scripts).
+    async fn load_library(&self, conn: &mut Conn, slot: Option<u16>) -> RedisResult<bool> {
+        tracing::debug!("function library missing on the server: loading it");
+        let refused = match conn.load_library(slot).await {
+            Ok(Value::ServerError(e)) => RedisError::from(e),
+            Ok(_) => return Ok(true),
+            Err(e) if e.code().is_some() => e,
+            Err(e) => return Err(e),
+        };
+        let detail = refused.detail().unwrap_or("");
+        if detail.contains("already exists") {
+            return Ok(true);
+        }
+        if refused.code() == Some("NOPERM") || detail.starts_with("unknown") {
+            self.use_scripts("FUNCTION LOAD refused");
+        } else {
+            tracing::warn!(error = %refused, "FUNCTION LOAD failed: this call goes by EVALSHA");
+        }
+        Ok(false)
+    }
+
+    /// Sends `cmd`, a call of one of the routines (`FCALL` or `EVALSHA`), and
+    /// answers its reply, an error reply as an error. What the server lost
+    /// is loaded and `cmd` sent again (a library on `Function not found`, a
+    /// script on `NOSCRIPT`, as redis-rs's `ScriptInvocation` does); an
+    /// `FCALL` that cannot run here goes as `EVALSHA` (see [`need`](Self::need)).
+    /// Called directly rather than through redis-rs, so a check builds one
+    /// command and no boxed future. On a Cluster what is loaded goes to the
+    /// master of `slot` (`cmd`'s keys' slot), the node that answered.
+    async fn run(&self, mut conn: Conn, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
+        let mut converted: Option<Cmd> = None;
+        let mut sends = 0;
+        loop {
+            sends += 1;
+            let current = converted.as_ref().unwrap_or(cmd);
+            let reply = conn.send_packed_command(current).await?;
+            let need = if sends < MAX_SENDS {
+                self.need(current, &reply)
+            } else {
+                Need::Nothing
+            };
+            let as_script = match need {
+                Need::Nothing => {
+                    return match reply {
+                        Value::ServerError(e) => Err(e.into()),
+                        reply => Ok(reply),
+                    };
+                }
+                Need::Library(_) => !self.load_library(&mut conn, Some(slot)).await?,
+                Need::Script(routine) => {
+                    conn.load_script(routine.script(), Some(slot)).await?;
+                    false
+                }
+                Need::AsScript(_) => true,
+            };
+            if as_script {
+                let script = as_evalsha(current);
+                converted = script;
+            }
+        }
+    }
+
+    /// Pipelines `pipe` (script calls), reloading what the server lost and
+    /// re-sending only the commands that did not run (see [`need`](Self::need)):
+    /// a command that ran is never sent twice. Commands sent again keep
+    /// their order, and the scripts of those turned into `EVALSHA` are
+    /// loaded first, so they all run in that order. Replies land in
+    /// `replies` as they arrive, so what came back survives a later failure.
+    /// On a Cluster every command of `pipe` has its keys in `slot`.
+    async fn pipeline_routines(
+        &self,
+        mut conn: Conn,
+        pipe: &Pipeline,
+        replies: &mut [Option<Value>],
+        slot: Option<u16>,
+    ) -> RedisResult<()> {
+        let first = send_pipeline(&conn, pipe).await?;
+        // The healthy case, without allocating: every command ran.
+        if pipe
+            .cmd_iter()
+            .zip(&first)
+            .all(|(cmd, reply)| self.need(cmd, reply) == Need::Nothing)
+        {
+            for (slot, reply) in replies.iter_mut().zip(first) {
+                *slot = Some(reply);
+            }
+            return Ok(());
+        }
+        let mut again: Vec<(usize, Cmd)> = Vec::new();
+        let sent: Vec<(usize, &Cmd)> = pipe.cmd_iter().enumerate().collect();
+        self.sort_replies(&mut conn, &sent, first, replies, slot, &mut again, 2)
+            .await?;
+        for sends in 2..=MAX_SENDS {
+            if again.is_empty() {
+                return Ok(());
+            }
+            tracing::debug!(
+                commands = again.len(),
+                "script or library missing on the server: re-sending what did not run"
+            );
+            let mut resend = Pipeline::with_capacity(again.len());
+            for (_, cmd) in &again {
+                resend.add_command(cmd.clone());
+            }
+            let answers = send_pipeline(&conn, &resend).await?;
+            let round = std::mem::take(&mut again);
+            let sent: Vec<(usize, &Cmd)> = round.iter().map(|(i, c)| (*i, c)).collect();
+            self.sort_replies(
+                &mut conn,
+                &sent,
+                answers,
+                replies,
+                slot,
+                &mut again,
+                sends + 1,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Puts each reply of `sent` in `replies`, or, when it asks for more
+    /// (and `next_send` is within [`MAX_SENDS`]), does what it asks (a
+    /// library or script loaded once for all) and adds the command to send
+    /// again to `again`, in order.
+    #[allow(clippy::too_many_arguments)]
+    async fn sort_replies(
+        &self,
+        conn: &mut Conn,
+        sent: &[(usize, &Cmd)],
+        answers: Vec<Value>,
+        replies: &mut [Option<Value>],
+        slot: Option<u16>,
+        again: &mut Vec<(usize, Cmd)>,
+        next_send: usize,
+    ) -> RedisResult<()> {
+        let needs: Vec<Need> = sent
+            .iter()
+            .zip(&answers)
+            .map(|((_, cmd), reply)| {
+                if next_send <= MAX_SENDS {
+                    self.need(cmd, reply)
+                } else {
+                    Need::Nothing
+                }
+            })
+            .collect();
+        let library = if needs.iter().any(|n| matches!(n, Need::Library(_))) {
+            self.load_library(conn, slot).await?
+        } else {
+            true
+        };
+        let mut scripts: Vec<Routine> = Vec::new();
+        for need in &needs {
+            match *need {
+                Need::Script(r) | Need::AsScript(r) if !scripts.contains(&r) => scripts.push(r),
+                Need::Library(r) if !library && !scripts.contains(&r) => scripts.push(r),
+                _ => {}
+            }
+        }
+        for routine in scripts {
+            send_refused_once(conn.clone(), |mut c| async move {
+                c.load_script(routine.script(), slot).await
+            })
+            .await?;
+        }
+        for (((i, cmd), reply), need) in sent.iter().zip(answers).zip(needs) {
+            match need {
+                Need::Nothing => replies[*i] = Some(reply),
+                Need::Library(_) if library => again.push((*i, (*cmd).clone())),
+                Need::Script(_) => again.push((*i, (*cmd).clone())),
+                Need::Library(_) | Need::AsScript(_) => match as_evalsha(cmd) {
+                    Some(script) => again.push((*i, script)),
+                    None => replies[*i] = Some(reply),
+                },
+            }
+        }
+        Ok(())
     }
 }
 
-/// Pipelines `pipe` (EVALSHA of `scripts`), reloading the scripts and
-/// re-sending only the commands that failed with NOSCRIPT. Replies land in
-/// `replies` as they arrive, so what came back survives a later failure.
-/// On a Cluster every command of `pipe` has its keys in `slot`.
-async fn pipeline_scripts(
-    conn: Conn,
-    scripts: &[&Script],
-    pipe: &Pipeline,
-    replies: &mut [Option<Value>],
-    slot: Option<u16>,
-) -> RedisResult<()> {
-    let first = send_pipeline(&conn, pipe).await?;
-    let mut missing = Vec::new();
-    for (i, reply) in first.into_iter().enumerate() {
-        if is_noscript(&reply) {
-            missing.push(i);
-        } else {
-            replies[i] = Some(reply);
+/// Why an `FCALL` did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FunctionFault {
+    /// The server lacks the library (`FUNCTION FLUSH`, a new server).
+    Missing,
+    /// No `FCALL` here: a server older than Redis 7, or the ACL refuses it.
+    Unsupported,
+    /// Refused whole under `maxmemory`.
+    OutOfMemory,
+}
+
+/// Why `reply`, an `FCALL`'s, says it did not run; `None` when it ran (an
+/// answer or an error of its own).
+fn function_fault(reply: &Value) -> Option<FunctionFault> {
+    let Value::ServerError(e) = reply else {
+        return None;
+    };
+    let detail = e.details().unwrap_or("");
+    match e.code() {
+        "ERR" if detail.starts_with("Function not found") => Some(FunctionFault::Missing),
+        "ERR" if detail.starts_with("unknown command") => Some(FunctionFault::Unsupported),
+        "NOPERM" if detail.to_ascii_lowercase().contains("'fcall'") => {
+            Some(FunctionFault::Unsupported)
         }
+        "OOM" => Some(FunctionFault::OutOfMemory),
+        _ => None,
     }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    tracing::debug!(
-        commands = missing.len(),
-        "script missing on the server: loading it and re-sending"
-    );
-    for script in scripts {
-        send_refused_once(conn.clone(), |mut c| async move {
-            c.load_script(script, slot).await
-        })
-        .await?;
-    }
-    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
-    let mut resend = Pipeline::with_capacity(missing.len());
-    for &i in &missing {
-        resend.add_command(cmds[i].clone());
-    }
-    let again = send_pipeline(&conn, &resend).await?;
-    for (i, reply) in missing.into_iter().zip(again) {
-        replies[i] = Some(reply);
-    }
-    Ok(())
 }
 
 /// Sends `pipe`; one reply per command, error replies included as values.
@@ -1559,15 +1833,35 @@ mod tests {
         send(&tier.reconcile(&[]));
     }
 
+    /// A tier whose user may not load functions: it runs scripts.
+    async fn scripts_tier(server: &RedisServer) -> RedisTier {
+        let mut admin = server.conn().await;
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("scripts")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-function")
+            .query_async(&mut admin)
+            .await
+            .expect("ACL SETUSER");
+        let config =
+            RedisTierConfig::new(server.url_as("scripts", "pw")).deadline(Duration::from_secs(2));
+        RedisTier::new(config).expect("valid config")
+    }
+
     /// The script is flushed between two checks of one pipeline: the first
     /// ran, the second met NOSCRIPT. Only the second may be sent again.
     #[tokio::test]
     async fn only_checks_that_met_noscript_are_sent_again() {
         let server = RedisServer::start();
-        let config = RedisTierConfig::new(server.url()).deadline(Duration::from_secs(2));
-        let tier = RedisTier::new(config).expect("valid config");
+        let tier = scripts_tier(&server).await;
         let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
         tier.check("warm", &set, 1).await.expect("loads the script");
+        assert_eq!(tier.script_mode(), Some(ScriptMode::Scripts));
 
         let check = |key: &str| tier.check_cmd(key, &set, 1, 0).expect("valid check");
         let mut flush = redis::cmd("SCRIPT");
@@ -1579,8 +1873,7 @@ mod tests {
         let mut replies = [None, None, None];
         let before = server.command_calls("evalsha").await;
         let conn = tier.connection(&tier.inner.conn).expect("connection");
-        let scripts: [&Script; 1] = [&CHECK];
-        pipeline_scripts(conn, &scripts, &pipe, &mut replies, None)
+        tier.pipeline_routines(conn, &pipe, &mut replies, None)
             .await
             .expect("pipeline");
 
@@ -1588,6 +1881,53 @@ mod tests {
         assert_eq!(server.command_calls("evalsha").await - before, 3);
         assert_eq!(
             server.command_calls("script|load").await,
+            2,
+            "warm-up and reload"
+        );
+        let [a, flushed, b] = replies.map(|r| r.expect("every command answered"));
+        assert!(
+            matches!(flushed, Value::Okay | Value::SimpleString(_)),
+            "{flushed:?}"
+        );
+        for (name, reply) in [("a", a), ("b", b)] {
+            let v = parse_verdict(reply, &set).expect("verdict");
+            assert_eq!(v.decision.remaining, 4, "{name} consumed exactly once");
+        }
+    }
+
+    /// The same with Functions: the library is flushed between two checks of
+    /// one pipeline; only the second is sent again, after one load.
+    #[tokio::test]
+    async fn only_checks_that_met_function_not_found_are_sent_again() {
+        let server = RedisServer::start();
+        let config = RedisTierConfig::new(server.url()).deadline(Duration::from_secs(2));
+        let tier = RedisTier::new(config).expect("valid config");
+        let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
+        assert_eq!(tier.script_mode(), None, "nothing chosen before a call");
+        tier.check("warm", &set, 1)
+            .await
+            .expect("loads the library");
+        assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
+
+        let check = |key: &str| tier.check_cmd(key, &set, 1, 0).expect("valid check");
+        let mut flush = redis::cmd("FUNCTION");
+        flush.arg("FLUSH");
+        let mut pipe = redis::pipe();
+        pipe.add_command(check("a"))
+            .add_command(flush)
+            .add_command(check("b"));
+        let mut replies = [None, None, None];
+        let before = server.command_calls("fcall").await;
+        let conn = tier.connection(&tier.inner.conn).expect("connection");
+        tier.pipeline_routines(conn, &pipe, &mut replies, None)
+            .await
+            .expect("pipeline");
+
+        // a, b (Function not found), b again.
+        assert_eq!(server.command_calls("fcall").await - before, 3);
+        assert_eq!(server.command_calls("evalsha").await, 0);
+        assert_eq!(
+            server.command_calls("function|load").await,
             2,
             "warm-up and reload"
         );

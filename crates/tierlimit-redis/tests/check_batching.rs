@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use support::{ALGORITHMS, rule, set};
 use tierlimit_core::{Clock, FakeClock, Rule, RuleSet};
-use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, TimeSource};
+use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, ScriptMode, TimeSource};
 use tierlimit_test::RedisServer;
 
 fn tier_batching(url: &str, max_batch: usize, time: TimeSource, deadline: Duration) -> RedisTier {
@@ -83,9 +83,9 @@ async fn concurrent_checks_on_one_key_admit_exactly_the_limit() {
         let checks: Vec<_> = (0..N)
             .map(|_| ("one-key".to_string(), set.clone(), 1))
             .collect();
-        let before = server.command_calls("evalsha").await;
+        let before = server.script_calls().await;
         let outcomes = all_at_once(&tier, &checks).await;
-        let calls = server.command_calls("evalsha").await - before;
+        let calls = server.script_calls().await - before;
         let admitted = outcomes
             .iter()
             .filter(|(c, _)| c.result.as_ref().expect("a healthy check").decision.allowed)
@@ -144,9 +144,9 @@ async fn batched_and_lone_checks_decide_the_same() {
     let server = RedisServer::start();
     let batched = tier_batching(&server.url(), 32, fake_time(), Duration::from_secs(5));
     warm(&batched).await;
-    let before = server.command_calls("evalsha").await;
+    let before = server.script_calls().await;
     let together = all_at_once(&batched, &checks).await;
-    let calls = server.command_calls("evalsha").await - before;
+    let calls = server.script_calls().await - before;
     assert!(
         calls <= 150 / 4,
         "{calls} calls: the checks were not batched"
@@ -169,45 +169,140 @@ async fn batched_and_lone_checks_decide_the_same() {
     assert!(denied > 30, "the sequence must exercise denials ({denied})");
 }
 
-/// The server lost its scripts (`SCRIPT FLUSH`) before a burst: the lone call
-/// reloads the check script, the batch call the batch script, and every check
-/// counts exactly once.
+/// The server lost its Lua code (`SCRIPT FLUSH` and `FUNCTION FLUSH`)
+/// before a burst: the lone call reloads the check script (or the library),
+/// the batch call the batch script, and every check counts exactly once;
+/// with Functions and with scripts alike.
 #[tokio::test(flavor = "current_thread")]
 async fn noscript_in_a_batch_reloads_and_counts_each_check_once() {
     let server = RedisServer::start();
-    let tier = tier_batching(
-        &server.url(),
-        32,
-        TimeSource::Server,
-        Duration::from_secs(5),
-    );
-    let set = set("flush", [Rule::per_hour(1000).expect("valid")]);
-    warm(&tier).await;
-    server.script_flush().await;
-    let loads = server.command_calls("script|load").await;
+    for (url, mode) in [
+        (server.url(), ScriptMode::Functions),
+        (
+            support::scripts_only_url(&server).await,
+            ScriptMode::Scripts,
+        ),
+    ] {
+        server.flushall().await;
+        let tier = tier_batching(&url, 32, TimeSource::Server, Duration::from_secs(5));
+        let set = set("flush", [Rule::per_hour(1000).expect("valid")]);
+        warm(&tier).await;
+        assert_eq!(tier.script_mode(), Some(mode));
+        server.lua_flush().await;
+        let loads = server.code_loads().await;
 
-    let checks: Vec<_> = (0..40).map(|_| ("k".to_string(), set.clone(), 1)).collect();
-    let outcomes = all_at_once(&tier, &checks).await;
-    for (checked, _) in &outcomes {
-        assert!(
-            checked
-                .result
-                .as_ref()
-                .expect("reloaded and ran")
-                .decision
-                .allowed
+        let checks: Vec<_> = (0..40).map(|_| ("k".to_string(), set.clone(), 1)).collect();
+        let outcomes = all_at_once(&tier, &checks).await;
+        for (checked, _) in &outcomes {
+            assert!(
+                checked
+                    .result
+                    .as_ref()
+                    .expect("reloaded and ran")
+                    .decision
+                    .allowed
+            );
+        }
+        let reloads = server.code_loads().await - loads;
+        // Each call that met the loss loads what it lacked (calls in flight
+        // together each load: the later loads find it there).
+        match mode {
+            ScriptMode::Scripts => assert!(reloads >= 2, "both scripts were reloaded"),
+            _ => assert!(reloads >= 1, "the library was reloaded"),
+        }
+        assert_eq!(tier.script_mode(), Some(mode), "the mode is kept");
+        let last = tier.check("k", &set, 1).await.expect("a healthy check");
+        assert_eq!(
+            last.decision.remaining,
+            1000 - 41,
+            "{mode:?}: each check counted once"
         );
     }
-    assert!(
-        server.command_calls("script|load").await - loads >= 2,
-        "both scripts were reloaded"
-    );
-    let last = tier.check("k", &set, 1).await.expect("a healthy check");
-    assert_eq!(
-        last.decision.remaining,
-        1000 - 41,
-        "each check counted once"
-    );
+}
+
+/// The same sequence of requests (several keys, a rule set of every
+/// algorithm and a mixed one, costs 1 to 3, many denials) through Functions
+/// and through scripts, batching on and off: identical verdicts, in order.
+#[tokio::test(flavor = "current_thread")]
+async fn functions_and_scripts_decide_the_same() {
+    let day = Duration::from_secs(86_400);
+    let mut sets: Vec<RuleSet> = ALGORITHMS
+        .iter()
+        .map(|&a| set(&format!("fs-{a:?}"), [rule(a, 6, day)]))
+        .collect();
+    sets.push(set(
+        "fs-mixed",
+        [
+            rule(ALGORITHMS[0], 5, Duration::from_secs(60)),
+            rule(ALGORITHMS[2], 8, day),
+            rule(ALGORITHMS[3], 9, day),
+        ],
+    ));
+    sets.push(set(
+        "fs-three",
+        [
+            rule(ALGORITHMS[1], 4, Duration::from_secs(60)),
+            rule(ALGORITHMS[4], 10, day),
+            rule(ALGORITHMS[0], 11, day),
+        ],
+    ));
+    let mut rng = fastrand::Rng::with_seed(29);
+    let checks: Vec<(String, RuleSet, u64)> = (0..160)
+        .map(|_| {
+            (
+                format!("user-{}", rng.usize(..4)),
+                sets[rng.usize(..sets.len())].clone(),
+                1 + rng.u64(..3),
+            )
+        })
+        .collect();
+
+    let server = RedisServer::start();
+    let scripts_url = support::scripts_only_url(&server).await;
+    let mut runs = Vec::new();
+    for (url, mode) in [
+        (&scripts_url, ScriptMode::Scripts),
+        (&server.url(), ScriptMode::Functions),
+    ] {
+        for max_batch in [1, 32] {
+            server.flushall().await;
+            let tier = tier_batching(url, max_batch, fake_time(), Duration::from_secs(5));
+            let verdicts: Vec<_> = if max_batch == 1 {
+                let mut out = Vec::new();
+                for (key, set, cost) in &checks {
+                    out.push(tier.check(key, set, *cost).await.expect("a healthy check"));
+                }
+                out
+            } else {
+                warm(&tier).await;
+                server.flushall().await;
+                let before = server.script_calls().await;
+                let outcomes = all_at_once(&tier, &checks).await;
+                let calls = server.script_calls().await - before;
+                assert!(calls <= 160 / 4, "{mode:?}: {calls} calls, not batched");
+                outcomes
+                    .into_iter()
+                    .map(|(c, _)| c.result.expect("a healthy batched check"))
+                    .collect()
+            };
+            assert_eq!(tier.script_mode(), Some(mode), "max_batch {max_batch}");
+            runs.push((mode, max_batch, verdicts));
+        }
+    }
+    let (_, _, reference) = &runs[0];
+    let denied = reference.iter().filter(|v| !v.decision.allowed).count();
+    assert!(denied > 40, "the sequence must exercise denials ({denied})");
+    for (mode, max_batch, verdicts) in &runs[1..] {
+        for (i, (got, want)) in verdicts.iter().zip(reference).enumerate() {
+            let (key, set, cost) = &checks[i];
+            assert_eq!(
+                got,
+                want,
+                "{mode:?} max_batch {max_batch}, request {i}: {key} {} cost {cost}",
+                set.name()
+            );
+        }
+    }
 }
 
 /// A server that stops answering (SIGSTOP) mid-burst: every check of the
@@ -284,9 +379,9 @@ async fn script_calls_per_check_fall_under_load() {
     let checks: Vec<_> = (0..400)
         .map(|i| (format!("k{i}"), set.clone(), 1))
         .collect();
-    let before = server.command_calls("evalsha").await;
+    let before = server.script_calls().await;
     let outcomes = all_at_once(&tier, &checks).await;
-    let calls = server.command_calls("evalsha").await - before;
+    let calls = server.script_calls().await - before;
     assert!(outcomes.iter().all(|(c, _)| c.result.is_ok()));
     assert!(
         calls * 4 <= 400,
@@ -303,9 +398,9 @@ async fn max_batch_one_sends_every_check_alone() {
     warm(&tier).await;
     let set = set("alone", [Rule::per_second(1000).expect("valid")]);
     let checks: Vec<_> = (0..50).map(|i| (format!("k{i}"), set.clone(), 1)).collect();
-    let before = server.command_calls("evalsha").await;
+    let before = server.script_calls().await;
     let outcomes = all_at_once(&tier, &checks).await;
-    assert_eq!(server.command_calls("evalsha").await - before, 50);
+    assert_eq!(server.script_calls().await - before, 50);
     assert!(
         outcomes
             .iter()

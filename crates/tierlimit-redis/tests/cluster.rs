@@ -66,18 +66,26 @@ async fn reader(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnecti
         .expect("cluster connection")
 }
 
-/// Calls of `command` (e.g. `evalsha`) on every node of `cluster`, by index.
-async fn calls_by_node(cluster: &RedisCluster, command: &str) -> Vec<u64> {
+/// Calls of `commands` together (e.g. `evalsha` and `fcall`) on every node
+/// of `cluster`, by index.
+async fn calls_by_node(cluster: &RedisCluster, commands: &[&str]) -> Vec<u64> {
     let mut calls = Vec::new();
     for node in cluster.nodes() {
-        calls.push(if node.is_running() {
-            node.command_calls(command).await
-        } else {
-            0
-        });
+        let mut n = 0;
+        if node.is_running() {
+            for command in commands {
+                n += node.command_calls(command).await;
+            }
+        }
+        calls.push(n);
     }
     calls
 }
+
+/// Script calls, by `EVALSHA` or `FCALL`.
+const SCRIPT_CALLS: &[&str] = &["evalsha", "fcall"];
+/// Loads of Lua code, scripts or the library.
+const CODE_LOADS: &[&str] = &["script|load", "function|load"];
 
 /// The exactness bodies of `exact_bounds.rs` and `check_atomicity.rs`, on a
 /// key of each master (asserted to be three different masters).
@@ -141,7 +149,7 @@ async fn nothing_crosses_slots() {
     // masters. Exactly `limit` of each key's checks are admitted.
     let tier = tier(&url);
     tier.ping().await.expect("every master answers");
-    let before = calls_by_node(&cluster, "evalsha").await;
+    let before = calls_by_node(&cluster, SCRIPT_CALLS).await;
     let per_key = 50;
     let mut tasks = JoinSet::new();
     for _ in 0..per_key {
@@ -162,7 +170,7 @@ async fn nothing_crosses_slots() {
     for key in &keys {
         assert_eq!(admitted.get(key), Some(&limit), "{key}: {admitted:?}");
     }
-    let after = calls_by_node(&cluster, "evalsha").await;
+    let after = calls_by_node(&cluster, SCRIPT_CALLS).await;
     let calls: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
     let checks = (per_key * keys.len()) as u64;
     eprintln!("{checks} checks in {calls} script calls");
@@ -252,9 +260,9 @@ async fn nothing_crosses_slots() {
     }
 }
 
-/// `SCRIPT FLUSH` on one master: the next check of a key there, a batch
-/// there, a `check_many` and a reconcile all load the script on that master
-/// and succeed.
+/// `SCRIPT FLUSH` and `FUNCTION FLUSH` on one master: the next check of a
+/// key there, a batch there, a `check_many` and a reconcile all load the
+/// library (or script) on that master and succeed.
 #[tokio::test]
 async fn noscript_on_one_master_is_recovered() {
     let _serial = tierlimit_test::serial().await;
@@ -267,26 +275,32 @@ async fn noscript_on_one_master_is_recovered() {
     for key in by_master.values().flatten() {
         tier.check(key, &s, 1).await.expect("loads the script");
     }
+    assert_eq!(
+        tier.script_mode(),
+        Some(tierlimit_redis::ScriptMode::Functions)
+    );
     let (&flushed, keys) = by_master.iter().next().expect("a master");
-    cluster.nodes()[flushed].script_flush().await;
-    let loads_before = calls_by_node(&cluster, "script|load").await;
+    cluster.nodes()[flushed].lua_flush().await;
+    let loads_before = calls_by_node(&cluster, CODE_LOADS).await;
 
     let v = tier.check(&keys[0], &s, 1).await.expect("recovered");
     assert_eq!(v.decision.remaining, 98);
-    let loads = calls_by_node(&cluster, "script|load").await;
+    let loads = calls_by_node(&cluster, CODE_LOADS).await;
     assert_eq!(
         loads[flushed],
         loads_before[flushed] + 1,
         "loaded on the master that lost it"
     );
-    for (i, (now, before)) in loads.iter().zip(&loads_before).enumerate() {
+    // The other masters did not need it. (The flushed master's replica runs
+    // the FUNCTION LOAD it replicates, so replicas are not counted.)
+    for &i in by_master.keys() {
         if i != flushed {
-            assert_eq!(now, before, "node {i} did not need it");
+            assert_eq!(loads[i], loads_before[i], "master {i} did not need it");
         }
     }
 
     // Pipelines and the reconcile script: flushed again, then recovered.
-    cluster.nodes()[flushed].script_flush().await;
+    cluster.nodes()[flushed].lua_flush().await;
     let requests: Vec<CheckRequest<'_>> = by_master
         .values()
         .flatten()
@@ -311,7 +325,7 @@ async fn noscript_on_one_master_is_recovered() {
         matches!(written.as_slice(), [Ok(Written::Applied(2))]),
         "{written:?}"
     );
-    cluster.nodes()[flushed].script_flush().await;
+    cluster.nodes()[flushed].lua_flush().await;
     let v = tier.check(&keys[1], &s, 1).await.expect("recovered");
     assert_eq!(v.decision.remaining, 100 - 1 - 1 - 2 - 1);
 }

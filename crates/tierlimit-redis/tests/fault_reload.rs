@@ -1,9 +1,11 @@
-//! Losing the script cache or the whole server mid-run: `SCRIPT FLUSH` under
-//! load surfaces no error at all; after `kill -9` and a restart on the same
-//! port (empty data, empty script cache) only calls made while the server was
-//! down fail, and every call made once it answers PING again succeeds; a
-//! pipelined batch after `SCRIPT FLUSH` reloads the script and re-sends only
-//! what failed with NOSCRIPT.
+//! Losing the Lua code or the whole server mid-run: `SCRIPT FLUSH` and
+//! `FUNCTION FLUSH` under load surface no error at all; after `kill -9` and a
+//! restart on the same port (empty data, empty script cache, no library)
+//! only calls made while the server was down fail, and every call made once
+//! it answers PING again succeeds; a pipelined batch after a flush reloads
+//! the script or library and re-sends only what failed with NOSCRIPT or
+//! `Function not found`. Tiers running Functions and tiers running scripts
+//! alike.
 
 mod support;
 
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{Algorithm, Error, RedisFailure, Rule, RuleSet};
-use tierlimit_redis::{CheckRequest, RedisTier, TimeSource, Verdict};
+use tierlimit_redis::{CheckRequest, RedisTier, ScriptMode, TimeSource, Verdict};
 use tierlimit_test::RedisServer;
 use tokio::task::JoinSet;
 
@@ -67,12 +69,15 @@ async fn finish(mut tasks: JoinSet<Vec<Outcome>>) -> Vec<Outcome> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_under_load_surfaces_no_error() {
     let server = RedisServer::start();
-    let tiers = [tier(&server.url()), tier(&server.url())];
+    let tiers = [
+        tier(&server.url()),
+        tier(&support::scripts_only_url(&server).await),
+    ];
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = load(&tiers, 8, &stop);
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        server.script_flush().await;
+        server.lua_flush().await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::Relaxed);
@@ -82,8 +87,10 @@ async fn script_flush_under_load_surfaces_no_error() {
         .filter_map(|o| o.result.as_ref().err())
         .collect();
     let loads = server.command_calls("script|load").await;
+    let library_loads = server.command_calls("function|load").await;
     eprintln!(
-        "{} checks across 3 SCRIPT FLUSHes, {} errors, {loads} SCRIPT LOADs",
+        "{} checks across 3 SCRIPT FLUSHes and FUNCTION FLUSHes, {} errors, \
+         {loads} SCRIPT LOADs, {library_loads} FUNCTION LOADs",
         outcomes.len(),
         errors.len()
     );
@@ -92,6 +99,12 @@ async fn script_flush_under_load_surfaces_no_error() {
         loads >= 3,
         "the script was reloaded after each flush ({loads} loads)"
     );
+    assert!(
+        library_loads >= 3,
+        "the library was reloaded after each flush ({library_loads} loads)"
+    );
+    assert_eq!(tiers[0].script_mode(), Some(ScriptMode::Functions));
+    assert_eq!(tiers[1].script_mode(), Some(ScriptMode::Scripts));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,8 +177,18 @@ fn per_hour() -> RuleSet {
 #[tokio::test]
 async fn batch_after_script_flush_resends_only_what_failed() {
     let server = RedisServer::start();
-    let tier = tier(&server.url());
+    let scripts_url = support::scripts_only_url(&server).await;
+    for (url, calls) in [(server.url(), "fcall"), (scripts_url, "evalsha")] {
+        server.flushall().await;
+        batch_after_flush(&server, &tier(&url), calls).await;
+    }
+}
+
+/// One tier's part of the test above; `calls` is the command it sends.
+async fn batch_after_flush(server: &RedisServer, tier: &RedisTier, calls: &str) {
     let set = per_hour();
+    // The first call chooses Functions or scripts.
+    tier.check("warm", &set, 1).await.expect("a healthy check");
     let keys: Vec<String> = (0..20).map(|i| format!("user{i}")).collect();
     let batch: Vec<_> = keys.iter().map(|k| CheckRequest::new(k, &set, 1)).collect();
 
@@ -184,12 +207,13 @@ async fn batch_after_script_flush_resends_only_what_failed() {
     with_broken.push(broken);
 
     for round in 1..=3u64 {
-        server.script_flush().await;
-        let before = server.command_calls("evalsha").await;
+        server.lua_flush().await;
+        let before = server.command_calls(calls).await;
         let results = tier.check_many(&with_broken).await.expect("batch");
-        let sent = server.command_calls("evalsha").await - before;
-        // Every call was refused with NOSCRIPT once, then sent again once.
-        assert_eq!(sent, 2 * with_broken.len() as u64, "round {round}");
+        let sent = server.command_calls(calls).await - before;
+        // Every call was refused (NOSCRIPT, Function not found) once, then
+        // sent again once.
+        assert_eq!(sent, 2 * with_broken.len() as u64, "{calls} round {round}");
         for (i, r) in results[..keys.len()].iter().enumerate() {
             let v = r
                 .as_ref()
@@ -201,11 +225,11 @@ async fn batch_after_script_flush_resends_only_what_failed() {
         assert_eq!(err.redis_failure(), Some(RedisFailure::Other), "{err:?}");
     }
 
-    // With the script cached, one EVALSHA per check, failures not re-sent.
-    let before = server.command_calls("evalsha").await;
+    // With the code loaded, one call per check, failures not re-sent.
+    let before = server.command_calls(calls).await;
     let results = tier.check_many(&with_broken).await.expect("batch");
     assert_eq!(
-        server.command_calls("evalsha").await - before,
+        server.command_calls(calls).await - before,
         with_broken.len() as u64
     );
     assert!(
@@ -213,4 +237,31 @@ async fn batch_after_script_flush_resends_only_what_failed() {
             .iter()
             .all(|r| r.as_ref().is_ok_and(|v| v.decision.remaining == 1))
     );
+}
+
+/// A function's file-level state is the library's, kept between calls:
+/// decide.lua's server time (read once per call) must be read again by every
+/// call, or a check would be decided at an earlier call's time.
+#[tokio::test]
+async fn every_function_call_reads_the_server_time_again() {
+    let server = RedisServer::start();
+    let tier = tier(&server.url());
+    let set = set("time", [Rule::per_hour(1000).expect("valid")]);
+    let mut admin = server.conn().await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut admin)
+            .await
+            .expect("TIME");
+        let before = secs * 1_000_000 + micros;
+        let v = tier.check("k", &set, 1).await.expect("a healthy check");
+        assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
+        assert!(
+            v.server_time_us >= before && v.server_time_us > last,
+            "decided at {} after TIME said {before} (previous check: {last})",
+            v.server_time_us
+        );
+        last = v.server_time_us;
+    }
 }

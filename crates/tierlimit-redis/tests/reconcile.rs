@@ -92,7 +92,7 @@ async fn reconcile_after_script_flush() {
         })
         .collect();
     for (round, batch) in ["one", "two"].iter().enumerate() {
-        server.script_flush().await;
+        server.lua_flush().await;
         let report = write_back(&tier, batch, &entries).await;
         assert_eq!(report.applied_units, 6, "round {round}");
     }

@@ -46,7 +46,7 @@ async fn rediss_checks_on_a_tls_only_server_verified_against_its_ca() {
         .expect("check over TLS");
     assert!(verdict.decision.allowed);
     assert_eq!(verdict.decision.remaining, 99);
-    assert!(server.command_calls("evalsha").await >= 1);
+    assert!(server.script_calls().await >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +62,7 @@ async fn rediss_refuses_a_server_whose_certificate_another_ca_signed() {
         err.redis_failure().is_some(),
         "a Redis fault, not bad input: {err}"
     );
-    assert_eq!(server.command_calls("evalsha").await, 0);
+    assert_eq!(server.script_calls().await, 0);
 }
 
 #[test]

@@ -386,6 +386,32 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// How many script calls the server has run since start: `EVALSHA` and
+    /// `FCALL` (a tier runs its Lua by either, see
+    /// `tierlimit_redis::RedisTier::script_mode`).
+    pub async fn script_calls(&self) -> u64 {
+        self.command_calls("evalsha").await + self.command_calls("fcall").await
+    }
+
+    /// How many times Lua code was loaded since start: `SCRIPT LOAD` and
+    /// `FUNCTION LOAD`.
+    pub async fn code_loads(&self) -> u64 {
+        self.command_calls("script|load").await + self.command_calls("function|load").await
+    }
+
+    /// Empties the Functions libraries (`FUNCTION FLUSH`), so the next `FCALL`
+    /// gets `Function not found`.
+    pub async fn function_flush(&self) {
+        self.run(redis::cmd("FUNCTION").arg("FLUSH")).await;
+    }
+
+    /// Drops all Lua code the server holds: scripts and function libraries
+    /// (`SCRIPT FLUSH`, `FUNCTION FLUSH`), whichever a tier uses.
+    pub async fn lua_flush(&self) {
+        self.script_flush().await;
+        self.function_flush().await;
+    }
+
     /// Deletes every key (`FLUSHALL`).
     pub async fn flushall(&self) {
         self.run(&redis::cmd("FLUSHALL")).await;

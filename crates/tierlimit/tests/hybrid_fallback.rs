@@ -224,7 +224,7 @@ async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
         .check("warm-up", &set, 1)
         .await
         .expect("valid input");
-    let before = server.command_calls("evalsha").await + server.command_calls("eval").await;
+    let before = server.script_calls().await + server.command_calls("eval").await;
     let (mut checks, mut admitted, mut cached) = (0u64, 0u64, 0u64);
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_millis(2_500) {
@@ -237,7 +237,7 @@ async fn a_hammered_denied_key_costs_one_redis_call_per_retry_after() {
         cached += u64::from(d.tier == Tier::DenyCache);
         tokio::task::yield_now().await;
     }
-    let calls = server.command_calls("evalsha").await + server.command_calls("eval").await - before;
+    let calls = server.script_calls().await + server.command_calls("eval").await - before;
     // Windows touched: 3 or 4 in 2.5 s. Each costs its admitted calls plus one denial.
     let windows = 4;
     println!(

@@ -130,7 +130,7 @@ async fn scenario(kind: Kind) {
         Kind::Kill9 => server.kill9(),
         Kind::Hang => server.pause(),
         Kind::RestartEmpty => server.restart(),
-        Kind::ScriptFlush => server.script_flush().await,
+        Kind::ScriptFlush => server.lua_flush().await,
         Kind::Oom => filler = Some(MemoryFiller::start(&server.url()).expect("fill memory")),
         Kind::LatencyBelow => proxy.set(Fault::Latency(Duration::from_millis(8))),
         Kind::LatencyAbove => proxy.set(Fault::Latency(DEADLINE)),

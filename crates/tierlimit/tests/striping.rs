@@ -138,18 +138,18 @@ async fn a_saturated_striped_key_is_denied_from_the_cache() {
         let d = limiter.check(HOT, &set, 1).await.expect("valid");
         assert!(d.allowed && d.tier == Tier::Redis, "{d:?}");
     }
-    let before = server.command_calls("evalsha").await;
+    let before = server.script_calls().await;
     let d = limiter.check(HOT, &set, 1).await.expect("valid");
     assert!(!d.allowed && d.tier == Tier::Redis, "{d:?}");
     assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO));
-    let denial = server.command_calls("evalsha").await - before;
+    let denial = server.script_calls().await - before;
     assert_eq!(denial, u64::from(STRIPES), "every stripe asked once");
     for _ in 0..20 {
         let d = limiter.check(HOT, &set, 1).await.expect("valid");
         assert!(!d.allowed && d.tier == Tier::DenyCache, "{d:?}");
     }
     assert_eq!(
-        server.command_calls("evalsha").await - before,
+        server.script_calls().await - before,
         denial,
         "no Redis call while the denial is cached"
     );

@@ -86,7 +86,7 @@ pub(crate) async fn slowlog_reset(conn: &mut redis::aio::MultiplexedConnection) 
         .expect("SLOWLOG RESET");
 }
 
-/// The longest server time, in µs, of any `EVAL`/`EVALSHA` in the slow log
+/// The longest server time, in µs, of any `EVAL`/`EVALSHA`/`FCALL` in the slow log
 /// since [`slowlog_reset`]: what Redis itself measured, not the client's wall
 /// clock. Panics when the log holds no script call.
 pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
@@ -110,10 +110,32 @@ pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnecti
             Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_ascii_lowercase(),
             other => panic!("slow log command {other:?}"),
         };
-        if name.starts_with("eval") {
+        if name.starts_with("eval") || name.starts_with("fcall") {
             let us = u64::try_from(*us).expect("a duration");
             slowest = Some(slowest.map_or(us, |s: u64| s.max(us)));
         }
     }
     slowest.expect("the slow log holds a script call")
+}
+
+/// The URL of a user of `server` the ACL allows everything but Functions
+/// (`FUNCTION`, `FCALL`, `FCALL_RO`): a tier logged in as it runs scripts
+/// (`EVALSHA`), as on a server older than Redis 7.
+pub(crate) async fn scripts_only_url(server: &tierlimit_test::RedisServer) -> String {
+    let mut admin = server.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("scripts-only")
+        .arg("on")
+        .arg(">scripts-only-pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-function")
+        .arg("-fcall")
+        .arg("-fcall_ro")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    server.url_as("scripts-only", "scripts-only-pw")
 }
