@@ -53,6 +53,20 @@ struct Inner {
     /// One set per stripe, each rule at its share (see
     /// [`RuleSet::with_stripes`]); empty when the set is not striped.
     stripes: Vec<RuleSet>,
+    /// The largest cost [`RuleSet::validate_cost`] accepts: the smallest
+    /// capacity of a rule (of the smallest stripe when striped), kept so a
+    /// check validates its cost with one comparison.
+    max_cost: u64,
+}
+
+impl Inner {
+    /// The smallest capacity of a rule (of the last, smallest, stripe when striped).
+    fn smallest_capacity(&self) -> u64 {
+        match self.stripes.last() {
+            Some(smallest) => smallest.inner.max_cost,
+            None => self.rules.iter().map(Rule::capacity).min().unwrap_or(0),
+        }
+    }
 }
 
 impl PartialEq for RuleSet {
@@ -102,8 +116,10 @@ impl RuleSet {
         let suffixes: Vec<String> = ids.iter().map(|id| format!(":{name}:{id}")).collect();
         let identity = suffixes.concat();
         let script_args = rules.iter().map(script_args).collect();
+        let max_cost = rules.iter().map(Rule::capacity).min().unwrap_or(0);
         Ok(RuleSet {
             inner: Arc::new(Inner {
+                max_cost,
                 identity_hash: hash_identity(&identity),
                 id: next_id(),
                 identity,
@@ -261,8 +277,10 @@ impl RuleSet {
             policy: shared.policy,
             reconcile: shared.reconcile,
             stripes: shared.stripes.clone(),
+            max_cost: shared.max_cost,
         });
         f(&mut inner);
+        inner.max_cost = inner.smallest_capacity();
         RuleSet {
             inner: Arc::new(inner),
         }
@@ -357,6 +375,10 @@ impl RuleSet {
     /// A [striped](Self::with_stripes) set's capacity is its smallest
     /// stripe's: one check is decided by one stripe.
     pub fn validate_cost(&self, cost: u64) -> Result<()> {
+        // The common case in one comparison; the errors below name the rule.
+        if cost != 0 && cost <= self.inner.max_cost {
+            return Ok(());
+        }
         if let Some(smallest) = self.inner.stripes.last() {
             return smallest.validate_cost(cost);
         }
