@@ -614,6 +614,51 @@ mod tests {
     }
 
     #[test]
+    fn the_cost_bound_follows_every_change_of_the_set() {
+        let set = RuleSet::new(
+            "bound",
+            [
+                Rule::per_second(10).expect("valid"),
+                Rule::per_minute(100)
+                    .and_then(|r| r.with_burst(4))
+                    .expect("valid"),
+            ],
+        )
+        .expect("valid");
+        let exceeds = |s: &RuleSet, cost: u64| {
+            matches!(
+                s.validate_cost(cost),
+                Err(Error::CostExceedsCapacity {
+                    rule: 1,
+                    capacity: 4,
+                    ..
+                })
+            )
+        };
+        // The smallest capacity bounds the cost, whichever rule has it.
+        assert!(set.validate_cost(4).is_ok());
+        assert!(exceeds(&set, 5));
+        assert!(matches!(set.validate_cost(0), Err(Error::ZeroCost)));
+        // A shared set is copied by a change (the copy's bound is its own)...
+        let kept = set.clone();
+        let striped = set.with_stripes(2).expect("valid");
+        assert!(striped.validate_cost(2).is_ok());
+        assert!(matches!(
+            striped.validate_cost(3),
+            Err(Error::CostExceedsCapacity { capacity: 2, .. })
+        ));
+        assert!(kept.validate_cost(4).is_ok());
+        // ...and one changed in place (not shared) keeps what striping set.
+        let unstriped = striped
+            .with_policy(Policy::FailOpen)
+            .with_stripes(1)
+            .expect("valid");
+        assert!(unstriped.validate_cost(4).is_ok());
+        assert!(exceeds(&unstriped, 5));
+        assert!(matches!(unstriped.validate_cost(0), Err(Error::ZeroCost)));
+    }
+
+    #[test]
     fn names_are_checked() {
         for bad in ["", "a b", "a{b", "x".repeat(65).as_str()] {
             assert!(matches!(

@@ -1079,3 +1079,83 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::Waker;
+
+    use super::*;
+
+    fn ready<F: Future>(fut: F) -> F::Output {
+        match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(out) => out,
+            Poll::Pending => panic!("expected an answer at the first poll"),
+        }
+    }
+
+    /// A limiter on a port nothing listens on, its breaker untouched (Closed).
+    fn dead_limiter(rt: &tokio::runtime::Runtime) -> HybridLimiter {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let _entered = rt.enter();
+        HybridLimiter::builder()
+            .redis_url(format!("redis://127.0.0.1:{port}/"))
+            .instances(Instances::Fixed(1))
+            .build()
+            .expect("valid config")
+    }
+
+    /// The future a caller holds (and moves into its own) is its arguments,
+    /// not the Redis call's state: every check, local or not, moves it.
+    #[test]
+    fn a_checks_future_is_a_few_words() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let limiter = dead_limiter(&rt);
+        let set = RuleSet::new("small", [Rule::per_second(10).expect("valid")]).expect("valid");
+        let fut = limiter.check("user-1", &set, 1);
+        assert!(
+            std::mem::size_of_val(&fut) <= 64,
+            "a check's future takes {} bytes",
+            std::mem::size_of_val(&fut)
+        );
+    }
+
+    /// Bad input is answered at the first poll, before Redis is asked, and
+    /// names what is wrong; the Redis path still validates the key it sends.
+    #[test]
+    fn bad_input_is_an_error_at_the_first_poll() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let limiter = dead_limiter(&rt);
+        let set = RuleSet::new("small", [Rule::per_second(10).expect("valid")]).expect("valid");
+        assert!(matches!(
+            ready(limiter.check("", &set, 1)),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            ready(limiter.check("a\nb", &set, 1)),
+            Err(Error::KeyControlChar { position: 1 })
+        ));
+        assert!(matches!(
+            ready(limiter.check("ok", &set, 0)),
+            Err(Error::ZeroCost)
+        ));
+        assert!(matches!(
+            ready(limiter.check("ok", &set, 11)),
+            Err(Error::CostExceedsCapacity { cost: 11, .. })
+        ));
+        // A valid check goes to Redis (down): answered by the policy, never an error.
+        let d = rt
+            .block_on(limiter.check("{ok}%", &set, 1))
+            .expect("a valid check is never an error");
+        assert_ne!(d.tier, Tier::Redis);
+    }
+}
