@@ -27,9 +27,18 @@ pub fn validate_key(key: &str) -> Result<()> {
             max: MAX_KEY_LEN,
         });
     }
-    // ASCII keys (most) are checked a byte at a time; the control characters
-    // of ASCII are the bytes below 0x20 and 0x7F.
-    let control = if key.is_ascii() {
+    let class = classify(key);
+    if class & (CONTROL | NON_ASCII) == 0 {
+        return Ok(());
+    }
+    control_position(key, class)
+}
+
+/// Where the first control character is, for a key `classify` found one in
+/// or found non-ASCII (which may hide one).
+fn control_position(key: &str, class: u8) -> Result<()> {
+    let non_ascii = class & NON_ASCII != 0;
+    let control = if !non_ascii {
         key.bytes().position(|b| b < 0x20 || b == 0x7f)
     } else {
         key.char_indices()
@@ -55,9 +64,71 @@ pub fn validate_key(key: &str) -> Result<()> {
 /// assert_eq!(escape_key("plain"), "plain");
 /// ```
 pub fn escape_key(key: &str) -> std::borrow::Cow<'_, str> {
-    if !key.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+    if classify(key) & SPECIAL == 0 {
         return std::borrow::Cow::Borrowed(key);
     }
+    escaped(key)
+}
+
+/// [`validate_key`] and then [`escape_key`], in one pass over the key for
+/// the common one (ASCII, nothing to escape): what a check does first.
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Error, validate_and_escape_key};
+///
+/// assert_eq!(validate_and_escape_key("a{b}")?, "a%7Bb%7D");
+/// assert!(matches!(validate_and_escape_key("a\tb"), Err(Error::KeyControlChar { position: 1 })));
+/// # Ok::<(), Error>(())
+/// ```
+pub fn validate_and_escape_key(key: &str) -> Result<std::borrow::Cow<'_, str>> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        validate_key(key)?;
+    }
+    let class = classify(key);
+    if class & (CONTROL | NON_ASCII) != 0 {
+        control_position(key, class)?;
+    }
+    if class & SPECIAL == 0 {
+        return Ok(std::borrow::Cow::Borrowed(key));
+    }
+    Ok(escaped(key))
+}
+
+/// A byte below 0x20 or 0x7F: an ASCII control character.
+const CONTROL: u8 = 1;
+/// `%`, `{` or `}`: escaped.
+const SPECIAL: u8 = 2;
+/// Part of a non-ASCII character (which may be a control character).
+const NON_ASCII: u8 = 4;
+
+/// Each byte's classes.
+const CLASSES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = if b < 0x20 || b == 0x7f {
+            CONTROL
+        } else if b >= 0x80 {
+            NON_ASCII
+        } else if b == b'%' as usize || b == b'{' as usize || b == b'}' as usize {
+            SPECIAL
+        } else {
+            0
+        };
+        b += 1;
+    }
+    t
+};
+
+/// Every class of byte `key` holds, in one pass without branches.
+fn classify(key: &str) -> u8 {
+    key.bytes().fold(0, |acc, b| acc | CLASSES[usize::from(b)])
+}
+
+/// `key` escaped into a new string (it has something to escape).
+fn escaped(key: &str) -> std::borrow::Cow<'_, str> {
     let mut out = String::with_capacity(key.len() + 8);
     for c in key.chars() {
         match c {
@@ -73,6 +144,42 @@ pub fn escape_key(key: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_pass_agrees_with_validate_then_escape() {
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        let keys = [
+            "user:42",
+            "",
+            long.as_str(),
+            "a{b}%",
+            "a\tb",
+            "del\x7f",
+            "caf\u{e9}",
+            "x\u{85}y",
+            "{\u{e9}}",
+            "%",
+        ];
+        for key in keys {
+            let separate = validate_key(key).map(|()| escape_key(key));
+            assert_eq!(
+                format!("{:?}", validate_and_escape_key(key)),
+                format!("{separate:?}"),
+                "{key:?}"
+            );
+        }
+        for b in 0u8..0x80 {
+            let key = format!("a{}", char::from(b));
+            let separate = validate_key(&key).map(|()| escape_key(&key));
+            assert_eq!(
+                format!("{:?}", validate_and_escape_key(&key)),
+                format!("{separate:?}"),
+                "byte {b:#x}"
+            );
+            let control = b < 0x20 || b == 0x7f;
+            assert_eq!(validate_key(&key).is_err(), control, "byte {b:#x}");
+        }
+    }
 
     #[test]
     fn escaping_is_injective_on_braces_and_percent() {

@@ -53,6 +53,20 @@ struct Inner {
     /// One set per stripe, each rule at its share (see
     /// [`RuleSet::with_stripes`]); empty when the set is not striped.
     stripes: Vec<RuleSet>,
+    /// The largest cost [`RuleSet::validate_cost`] accepts: the smallest
+    /// capacity of a rule (of the smallest stripe when striped), kept so a
+    /// check validates its cost with one comparison.
+    max_cost: u64,
+}
+
+impl Inner {
+    /// The smallest capacity of a rule (of the last, smallest, stripe when striped).
+    fn smallest_capacity(&self) -> u64 {
+        match self.stripes.last() {
+            Some(smallest) => smallest.inner.max_cost,
+            None => self.rules.iter().map(Rule::capacity).min().unwrap_or(0),
+        }
+    }
 }
 
 impl PartialEq for RuleSet {
@@ -102,8 +116,10 @@ impl RuleSet {
         let suffixes: Vec<String> = ids.iter().map(|id| format!(":{name}:{id}")).collect();
         let identity = suffixes.concat();
         let script_args = rules.iter().map(script_args).collect();
+        let max_cost = rules.iter().map(Rule::capacity).min().unwrap_or(0);
         Ok(RuleSet {
             inner: Arc::new(Inner {
+                max_cost,
                 identity_hash: hash_identity(&identity),
                 id: next_id(),
                 identity,
@@ -261,8 +277,10 @@ impl RuleSet {
             policy: shared.policy,
             reconcile: shared.reconcile,
             stripes: shared.stripes.clone(),
+            max_cost: shared.max_cost,
         });
         f(&mut inner);
+        inner.max_cost = inner.smallest_capacity();
         RuleSet {
             inner: Arc::new(inner),
         }
@@ -357,6 +375,10 @@ impl RuleSet {
     /// A [striped](Self::with_stripes) set's capacity is its smallest
     /// stripe's: one check is decided by one stripe.
     pub fn validate_cost(&self, cost: u64) -> Result<()> {
+        // The common case in one comparison; the errors below name the rule.
+        if cost != 0 && cost <= self.inner.max_cost {
+            return Ok(());
+        }
         if let Some(smallest) = self.inner.stripes.last() {
             return smallest.validate_cost(cost);
         }
@@ -589,6 +611,51 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_cost_bound_follows_every_change_of_the_set() {
+        let set = RuleSet::new(
+            "bound",
+            [
+                Rule::per_second(10).expect("valid"),
+                Rule::per_minute(100)
+                    .and_then(|r| r.with_burst(4))
+                    .expect("valid"),
+            ],
+        )
+        .expect("valid");
+        let exceeds = |s: &RuleSet, cost: u64| {
+            matches!(
+                s.validate_cost(cost),
+                Err(Error::CostExceedsCapacity {
+                    rule: 1,
+                    capacity: 4,
+                    ..
+                })
+            )
+        };
+        // The smallest capacity bounds the cost, whichever rule has it.
+        assert!(set.validate_cost(4).is_ok());
+        assert!(exceeds(&set, 5));
+        assert!(matches!(set.validate_cost(0), Err(Error::ZeroCost)));
+        // A shared set is copied by a change (the copy's bound is its own)...
+        let kept = set.clone();
+        let striped = set.with_stripes(2).expect("valid");
+        assert!(striped.validate_cost(2).is_ok());
+        assert!(matches!(
+            striped.validate_cost(3),
+            Err(Error::CostExceedsCapacity { capacity: 2, .. })
+        ));
+        assert!(kept.validate_cost(4).is_ok());
+        // ...and one changed in place (not shared) keeps what striping set.
+        let unstriped = striped
+            .with_policy(Policy::FailOpen)
+            .with_stripes(1)
+            .expect("valid");
+        assert!(unstriped.validate_cost(4).is_ok());
+        assert!(exceeds(&unstriped, 5));
+        assert!(matches!(unstriped.validate_cost(0), Err(Error::ZeroCost)));
     }
 
     #[test]

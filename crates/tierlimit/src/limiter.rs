@@ -1,12 +1,16 @@
 //! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
 
+use std::borrow::Cow;
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
     Clock, Decision, Error, Policy, RedisFailure, Result, Rule, RuleSet, RuleState, SystemClock,
-    Tier,
+    Tier, validate_and_escape_key,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
@@ -522,8 +526,21 @@ impl HybridLimiter {
     /// Each check is a `tracing` span at debug level, `tierlimit_check`, with
     /// the rule set, a hash of the key (never the key itself: keys are user
     /// data), the tier that decided and whether it admitted.
-    pub async fn check(&self, key: &str, rule_set: &RuleSet, cost: u64) -> Result<Decision> {
-        self.check_into(key, rule_set, cost, None).await
+    // Not an `async fn`: its future is `Check`, a few words, decided at its
+    // first poll without a state machine when Redis is not asked (see `Check`).
+    pub fn check<'a>(
+        &'a self,
+        key: &'a str,
+        rule_set: &'a RuleSet,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision>> + Send + 'a {
+        Check::Start {
+            limiter: self,
+            key,
+            rule_set,
+            cost,
+            rules: None,
+        }
     }
 
     /// As [`check`](Self::check), with the rule set this limiter holds under
@@ -604,13 +621,31 @@ impl HybridLimiter {
         self.check_into(key, rule_set, cost, Some(rules)).await
     }
 
-    async fn check_into(
-        &self,
-        key: &str,
-        rule_set: &RuleSet,
+    fn check_into<'a>(
+        &'a self,
+        key: &'a str,
+        rule_set: &'a RuleSet,
         cost: u64,
-        rules: Option<&mut Vec<RuleState>>,
-    ) -> Result<Decision> {
+        rules: Option<&'a mut Vec<RuleState>>,
+    ) -> Check<'a> {
+        Check::Start {
+            limiter: self,
+            key,
+            rule_set,
+            cost,
+            rules,
+        }
+    }
+
+    /// A check's first poll: the answer when no Redis call is needed (and
+    /// tracing is off), else the boxed future that will give it.
+    fn start<'a>(
+        &'a self,
+        key: &'a str,
+        rule_set: &'a RuleSet,
+        cost: u64,
+        mut rules: Option<&'a mut Vec<RuleState>>,
+    ) -> std::result::Result<Result<Decision>, BoxedCheck<'a>> {
         let span = tracing::debug_span!(
             "tierlimit_check",
             set = rule_set.name(),
@@ -618,9 +653,30 @@ impl HybridLimiter {
             tier = tracing::field::Empty,
             allowed = tracing::field::Empty,
         );
-        if span.is_disabled() {
-            return self.decide(key, rule_set, cost, rules).await;
+        if !span.is_disabled() {
+            return Err(Box::pin(self.traced(span, key, rule_set, cost, rules)));
         }
+        match self.decide_here(key, rule_set, cost, rules.as_deref_mut()) {
+            Err(e) => Ok(Err(e)),
+            Ok(Here::Decided(decision)) => Ok(Ok(decision)),
+            // Boxed: the Redis call's future is large, and a check's future
+            // that held it inline would be copied whole on every check, the
+            // local ones included.
+            Ok(Here::AskRedis(escaped)) => Err(Box::pin(
+                self.ask_redis(key, escaped, rule_set, cost, rules),
+            )),
+        }
+    }
+
+    /// A check inside its `tierlimit_check` span, when a subscriber wants it.
+    async fn traced(
+        &self,
+        span: tracing::Span,
+        key: &str,
+        rule_set: &RuleSet,
+        cost: u64,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> Result<Decision> {
         span.record("key_hash", tracing::field::display(KeyHash(key)));
         let result = self
             .decide(key, rule_set, cost, rules)
@@ -642,10 +698,9 @@ impl HybridLimiter {
     ) -> Result<Decision> {
         match self.decide_here(key, rule_set, cost, rules.as_deref_mut())? {
             Here::Decided(decision) => Ok(decision),
-            // Boxed: the Redis call's future is large, and a check's future
-            // that held it inline would be copied whole on every check, the
-            // local ones included (they measured 4x slower for it).
-            Here::AskRedis(key) => Box::pin(self.ask_redis(&key, rule_set, cost, rules)).await,
+            Here::AskRedis(escaped) => {
+                Box::pin(self.ask_redis(key, escaped, rule_set, cost, rules)).await
+            }
         }
     }
 
@@ -659,33 +714,35 @@ impl HybridLimiter {
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Here<'k>> {
-        let key = CheckKey::new(key)?;
+        let escaped = validate_and_escape_key(key)?;
         rule_set.validate_cost(cost)?;
         let inner = &*self.inner;
-        let escaped = key.escaped();
-        if let Some(denied) = inner.local.cached_denial(escaped, rule_set, cost) {
+        if let Some(denied) = inner.local.cached_denial(&escaped, rule_set, cost) {
             return Ok(Here::Decided(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
-            if let Some(denied) = inner.local.settling(escaped, rule_set, cost) {
+            if let Some(denied) = inner.local.settling(&escaped, rule_set, cost) {
                 return Ok(Here::Decided(inner.count(rule_set, denied)));
             }
-            return Ok(Here::AskRedis(key));
+            return Ok(Here::AskRedis(escaped));
         }
-        let decision = inner.fallback(escaped, rule_set, cost, rules);
+        let decision = inner.fallback(&escaped, rule_set, cost, rules);
         Ok(Here::Decided(inner.count(rule_set, decision)))
     }
 
     /// A check Redis is asked for (the breaker allows it).
     async fn ask_redis(
         &self,
-        key: &CheckKey<'_>,
+        key: &str,
+        escaped: Cow<'_, str>,
         rule_set: &RuleSet,
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Decision> {
+        // Validated already (`decide_here`): the Redis tier's form of it.
+        let key = &CheckKey::new(key)?;
         let inner = &*self.inner;
-        let escaped = key.escaped();
+        let escaped = &*escaped;
         let started = Instant::now();
         // What this key used locally reaches Redis before its quota does.
         let claims = inner.local.claim_pending(escaped, rule_set);
@@ -867,7 +924,57 @@ impl std::fmt::Display for KeyHash<'_> {
 enum Here<'k> {
     Decided(Decision),
     /// Redis decides; the key, validated and escaped.
-    AskRedis(CheckKey<'k>),
+    AskRedis(Cow<'k, str>),
+}
+
+/// A check waiting for Redis (or traced), boxed.
+type BoxedCheck<'a> = Pin<Box<dyn Future<Output = Result<Decision>> + Send + 'a>>;
+
+/// The future of [`HybridLimiter::check`]: its arguments until the first
+/// poll, which answers at once when Redis is not asked (the breaker is open,
+/// a cached denial, bad input) and otherwise boxes the call. Written out by
+/// hand so that the local paths pay for no state machine, and the future a
+/// caller holds and moves stays a few words whatever the Redis call needs.
+enum Check<'a> {
+    Start {
+        limiter: &'a HybridLimiter,
+        key: &'a str,
+        rule_set: &'a RuleSet,
+        cost: u64,
+        rules: Option<&'a mut Vec<RuleState>>,
+    },
+    Waiting(BoxedCheck<'a>),
+    Done,
+}
+
+impl Future for Check<'_> {
+    type Output = Result<Decision>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin` (references and a box).
+        let this = self.get_mut();
+        let mut waiting = match std::mem::replace(this, Check::Done) {
+            Check::Start {
+                limiter,
+                key,
+                rule_set,
+                cost,
+                rules,
+            } => match limiter.start(key, rule_set, cost, rules) {
+                Ok(answer) => return Poll::Ready(answer),
+                Err(boxed) => boxed,
+            },
+            Check::Waiting(boxed) => boxed,
+            Check::Done => panic!("a tierlimit check polled after it completed"),
+        };
+        match waiting.as_mut().poll(cx) {
+            Poll::Ready(answer) => Poll::Ready(answer),
+            Poll::Pending => {
+                *this = Check::Waiting(waiting);
+                Poll::Pending
+            }
+        }
+    }
 }
 
 impl Inner {
@@ -970,5 +1077,85 @@ impl Inner {
                 .max(Duration::from_millis(1));
             Decision::denied(limit, retry, retry, 0, Tier::FailClosed)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::Waker;
+
+    use super::*;
+
+    fn ready<F: Future>(fut: F) -> F::Output {
+        match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(out) => out,
+            Poll::Pending => panic!("expected an answer at the first poll"),
+        }
+    }
+
+    /// A limiter on a port nothing listens on, its breaker untouched (Closed).
+    fn dead_limiter(rt: &tokio::runtime::Runtime) -> HybridLimiter {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let _entered = rt.enter();
+        HybridLimiter::builder()
+            .redis_url(format!("redis://127.0.0.1:{port}/"))
+            .instances(Instances::Fixed(1))
+            .build()
+            .expect("valid config")
+    }
+
+    /// The future a caller holds (and moves into its own) is its arguments,
+    /// not the Redis call's state: every check, local or not, moves it.
+    #[test]
+    fn a_checks_future_is_a_few_words() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let limiter = dead_limiter(&rt);
+        let set = RuleSet::new("small", [Rule::per_second(10).expect("valid")]).expect("valid");
+        let fut = limiter.check("user-1", &set, 1);
+        assert!(
+            std::mem::size_of_val(&fut) <= 64,
+            "a check's future takes {} bytes",
+            std::mem::size_of_val(&fut)
+        );
+    }
+
+    /// Bad input is answered at the first poll, before Redis is asked, and
+    /// names what is wrong; the Redis path still validates the key it sends.
+    #[test]
+    fn bad_input_is_an_error_at_the_first_poll() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let limiter = dead_limiter(&rt);
+        let set = RuleSet::new("small", [Rule::per_second(10).expect("valid")]).expect("valid");
+        assert!(matches!(
+            ready(limiter.check("", &set, 1)),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            ready(limiter.check("a\nb", &set, 1)),
+            Err(Error::KeyControlChar { position: 1 })
+        ));
+        assert!(matches!(
+            ready(limiter.check("ok", &set, 0)),
+            Err(Error::ZeroCost)
+        ));
+        assert!(matches!(
+            ready(limiter.check("ok", &set, 11)),
+            Err(Error::CostExceedsCapacity { cost: 11, .. })
+        ));
+        // A valid check goes to Redis (down): answered by the policy, never an error.
+        let d = rt
+            .block_on(limiter.check("{ok}%", &set, 1))
+            .expect("a valid check is never an error");
+        assert_ne!(d.tier, Tier::Redis);
     }
 }
