@@ -1,5 +1,5 @@
 //! The chaos controller:
-//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]`.
+//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]`.
 //!
 //! Runs the scenarios, shows progress, writes `<report-dir>/<STEM>.{json,md,svg}`
 //! and exits non-zero when a bound broke, printing one `FAIL` line per bound.
@@ -20,6 +20,8 @@ struct Args {
     report_dir: PathBuf,
     name: String,
     sabotage: bool,
+    /// Only the scenarios on one Redis (`single`) or on a cluster (`cluster`).
+    topology: Option<bool>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -31,6 +33,7 @@ fn parse() -> Result<Args, String> {
         report_dir: root.join("report"),
         name: "latest".into(),
         sabotage: false,
+        topology: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -41,6 +44,11 @@ fn parse() -> Result<Args, String> {
                 .scenarios
                 .extend(value("a name")?.split(',').map(str::to_string)),
             "--quick" => a.quick = true,
+            "--topology" => match value("single or cluster")?.as_str() {
+                "single" => a.topology = Some(false),
+                "cluster" => a.topology = Some(true),
+                other => return Err(format!("unknown topology {other:?} (single or cluster)")),
+            },
             "--report-dir" => a.report_dir = PathBuf::from(value("a directory")?),
             "--name" => a.name = value("a file stem")?,
             "--sabotage" => match value("no-deadline")?.as_str() {
@@ -65,7 +73,7 @@ fn main() -> ExitCode {
                 eprintln!("chaos: {e}");
             }
             eprintln!(
-                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]"
+                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]"
             );
             return ExitCode::from(2);
         }
@@ -112,6 +120,7 @@ fn main() -> ExitCode {
     let chosen: Vec<_> = all
         .into_iter()
         .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
+        .filter(|s| args.topology.is_none_or(|cluster| s.cluster == cluster))
         .collect();
     let mut report = Report {
         driver: args.driver.clone(),

@@ -1009,6 +1009,11 @@ impl RedisTier {
                     inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
                     inner.renew.store(0, Ordering::Release);
+                    if slot.is_some() {
+                        // Renewed because a slot moved: what failed before
+                        // went through the old connection's stale routes.
+                        inner.nodes.forget_failures();
+                    }
                     tracing::info!("replaced the Redis connection");
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not replace the Redis connection"),
