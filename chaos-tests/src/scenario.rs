@@ -46,6 +46,24 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// A cluster scenario: no outage, [`CLUSTER_KEYS`] keys per stream,
+    /// warm-up 1.5 s, then fault and recovery phases of `(fault, after)` ms.
+    fn on_cluster(
+        name: &'static str,
+        about: &'static str,
+        (fault_ms, after_ms): (u64, u64),
+        fault: Vec<Step>,
+        heal: Vec<Action>,
+    ) -> Self {
+        Scenario {
+            outage: false,
+            cluster: true,
+            keys: CLUSTER_KEYS,
+            phases: Some((1_500, fault_ms, after_ms)),
+            ..Scenario::new(name, about, fault, heal)
+        }
+    }
+
     fn new(name: &'static str, about: &'static str, fault: Vec<Step>, heal: Vec<Action>) -> Self {
         Scenario {
             name,
@@ -205,42 +223,27 @@ pub fn all(fault_ms: u64, deadline_ms: u64) -> Vec<Scenario> {
         // The cluster scenarios of issue 14: the fault hits one master of
         // three. A cluster fails a master over after its node timeout (1 s)
         // and an election, so their fault phases are their own.
-        Scenario {
-            outage: false,
-            cluster: true,
-            keys: CLUSTER_KEYS,
-            phases: Some((1_500, 4_000, 2_500)),
-            ..Scenario::new(
-                "cluster-master-killed",
-                "Redis Cluster: SIGKILL one master under load; its replica is promoted",
-                vec![(0, KillMaster)],
-                vec![],
-            )
-        },
-        Scenario {
-            outage: false,
-            cluster: true,
-            keys: CLUSTER_KEYS,
-            phases: Some((1_500, 4_000, 2_500)),
-            ..Scenario::new(
-                "cluster-master-paused",
-                "Redis Cluster: SIGSTOP one master for 4 s; its replica is promoted, and the old master rejoins as a replica",
-                vec![(0, PauseMaster)],
-                vec![ResumeMaster],
-            )
-        },
-        Scenario {
-            outage: false,
-            cluster: true,
-            keys: CLUSTER_KEYS,
-            phases: Some((1_500, 2_500, 2_000)),
-            ..Scenario::new(
-                "cluster-failover",
-                "Redis Cluster: CLUSTER FAILOVER of one master to its replica under load",
-                vec![(0, FailoverMaster)],
-                vec![],
-            )
-        },
+        Scenario::on_cluster(
+            "cluster-master-killed",
+            "Redis Cluster: SIGKILL one master under load; its replica is promoted",
+            (4_000, 2_500),
+            vec![(0, KillMaster)],
+            vec![],
+        ),
+        Scenario::on_cluster(
+            "cluster-master-paused",
+            "Redis Cluster: SIGSTOP one master for 4 s; its replica is promoted, and the old master rejoins as a replica",
+            (4_000, 2_500),
+            vec![(0, PauseMaster)],
+            vec![ResumeMaster],
+        ),
+        Scenario::on_cluster(
+            "cluster-failover",
+            "Redis Cluster: CLUSTER FAILOVER of one master to its replica under load",
+            (2_500, 2_000),
+            vec![(0, FailoverMaster)],
+            vec![],
+        ),
     ]
 }
 

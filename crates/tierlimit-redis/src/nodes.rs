@@ -23,13 +23,6 @@ use crate::cluster::SLOTS;
 /// Calls in a row that must fail on a master before it is marked down.
 pub(crate) const FAILURES_TO_MARK: u32 = 3;
 
-/// A master marked down again and again (hung, and not failed over yet) is
-/// marked for twice as long each time, up to this many times the first
-/// while: each mark that runs out costs a few calls to it that time out, and
-/// redis-rs answers each such timeout by reconnecting to that node, which
-/// holds every other request for a moment.
-const MAX_MARK_GROWTH: u32 = 4;
-
 /// No master is known for a slot.
 const UNKNOWN: u16 = u16::MAX;
 
@@ -43,8 +36,6 @@ struct Master {
     down_until: AtomicU64,
     /// Calls that failed on it since the last that did not.
     failures: AtomicU32,
-    /// Times it was marked down since a call last succeeded on it.
-    marks: AtomicU32,
 }
 
 /// Slot -> master, as one `CLUSTER SLOTS` reply said.
@@ -97,7 +88,6 @@ impl SlotMap {
                         addr,
                         down_until: AtomicU64::new(0),
                         failures: AtomicU32::new(0),
-                        marks: AtomicU32::new(0),
                     });
                     map.masters.len() - 1
                 }
@@ -147,20 +137,15 @@ impl Nodes {
 
     /// A call for `slot` failed at `now` (µs): after [`FAILURES_TO_MARK`]
     /// in a row its master is down for a while (and again at each failure
-    /// after that, until a call succeeds), each mark twice as long as the one
-    /// before, up to [`MAX_MARK_GROWTH`] times the first. False when no master
-    /// is known for the slot.
+    /// after that, until a call succeeds). False when no master is known for
+    /// the slot.
     pub(crate) fn failed(&self, slot: u16, now: u64) -> bool {
         let map = self.map.load();
         let Some(master) = map.master(slot) else {
             return false;
         };
         if master.failures.fetch_add(1, Ordering::AcqRel) + 1 >= FAILURES_TO_MARK {
-            let growth = 1u32
-                .checked_shl(master.marks.fetch_add(1, Ordering::AcqRel))
-                .unwrap_or(MAX_MARK_GROWTH)
-                .min(MAX_MARK_GROWTH);
-            let down_for = u64::try_from((self.down_for * growth).as_micros()).unwrap_or(u64::MAX);
+            let down_for = u64::try_from(self.down_for.as_micros()).unwrap_or(u64::MAX);
             master
                 .down_until
                 .fetch_max(now.saturating_add(down_for), Ordering::AcqRel);
@@ -175,17 +160,15 @@ impl Nodes {
             && master.failures.load(Ordering::Relaxed) != 0
         {
             master.failures.store(0, Ordering::Release);
-            master.marks.store(0, Ordering::Release);
         }
     }
 
-    /// Forgets every master's failures and marks: the calls that made them
+    /// Forgets every master's failures and down marks: the calls that made them
     /// went through a connection that has just been replaced (one that still
     /// sent a moved slot's calls to its old master).
     pub(crate) fn forget_failures(&self) {
         for master in &self.map.load().masters {
             master.failures.store(0, Ordering::Release);
-            master.marks.store(0, Ordering::Release);
             master.down_until.store(0, Ordering::Release);
         }
     }
@@ -213,9 +196,6 @@ impl Nodes {
                 master
                     .failures
                     .store(before.failures.load(Ordering::Acquire), Ordering::Release);
-                master
-                    .marks
-                    .store(before.marks.load(Ordering::Acquire), Ordering::Release);
             }
         }
         // A slot with no master in one map and one in the other counts too
@@ -319,30 +299,17 @@ mod tests {
     }
 
     #[test]
-    fn a_master_marked_again_and_again_is_marked_longer_each_time_up_to_a_cap() {
+    fn forgotten_failures_count_again_from_the_first() {
         let nodes = Nodes::new(Duration::from_millis(500));
         nodes.replace(three_masters());
-        for _ in 1..FAILURES_TO_MARK {
+        for _ in 0..FAILURES_TO_MARK {
             nodes.failed(0, 0);
         }
-        // Each mark starts at `now` and lasts 0.5, 1, 2, 2 s.
-        let mut now = 0;
-        for lasts in [500_000, 1_000_000, 2_000_000, 2_000_000] {
-            nodes.failed(0, now);
-            assert!(nodes.down(0, now + lasts - 1).is_some(), "{lasts}");
-            assert_eq!(nodes.down(0, now + lasts), None, "{lasts}");
-            now += lasts;
-        }
+        assert!(nodes.down(0, 1).is_some());
         nodes.forget_failures();
-        assert_eq!(nodes.down(0, now), None, "forgotten");
-        nodes.failed(0, now);
-        assert_eq!(nodes.down(0, now), None, "counted again from the first");
-        // A success starts again from the first while.
-        nodes.succeeded(0);
-        for _ in 0..FAILURES_TO_MARK {
-            nodes.failed(0, now);
-        }
-        assert_eq!(nodes.down(0, now + 500_000), None);
+        assert_eq!(nodes.down(0, 1), None, "forgotten");
+        nodes.failed(0, 2);
+        assert_eq!(nodes.down(0, 3), None, "counted again from the first");
     }
 
     #[test]

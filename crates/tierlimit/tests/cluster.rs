@@ -80,6 +80,26 @@ async fn checked(limiter: &HybridLimiter, set: &RuleSet, key: &str, seen: &mut S
     d.tier
 }
 
+/// What the local tier admitted (`local_admitted` units, some) reaches
+/// Redis: the ledger drains (bounded wait) and every unit is acknowledged.
+async fn written_back(limiter: &HybridLimiter, local_admitted: u64) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while limiter.local().ledger().units() > 0 {
+        assert!(
+            Instant::now() < give_up,
+            "{} units still owed to Redis",
+            limiter.local().ledger().units()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(local_admitted > 0, "nothing was admitted locally");
+    assert_eq!(
+        limiter.reconcile_stats().reconciled_units,
+        local_admitted,
+        "every unit admitted locally was written back"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_costs_only_its_own_keys_until_its_replica_serves() {
     let _serial = tierlimit_test::serial().await;
@@ -210,23 +230,7 @@ async fn a_killed_master_costs_only_its_own_keys_until_its_replica_serves() {
         local_admitted += seen.local_admitted;
     }
 
-    // What the local tier admitted reaches Redis: the ledger drains (bounded
-    // wait) and every unit is acknowledged.
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while limiter.local().ledger().units() > 0 {
-        assert!(
-            Instant::now() < give_up,
-            "{} units still owed to Redis",
-            limiter.local().ledger().units()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(local_admitted > 0, "nothing was admitted locally");
-    assert_eq!(
-        limiter.reconcile_stats().reconciled_units,
-        local_admitted,
-        "every unit admitted locally was written back"
-    );
+    written_back(&limiter, local_admitted).await;
 }
 
 /// The whole cluster hung (every node SIGSTOPped) is an outage like one
@@ -320,19 +324,5 @@ async fn the_whole_cluster_hung_is_an_outage_and_ends_like_one() {
         "decisions slower than {bound:?}: {errors_or_slow:?} {after:?}"
     );
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while limiter.local().ledger().units() > 0 {
-        assert!(
-            Instant::now() < give_up,
-            "{} units still owed to Redis",
-            limiter.local().ledger().units()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(local_admitted > 0, "nothing was admitted locally");
-    assert_eq!(
-        limiter.reconcile_stats().reconciled_units,
-        local_admitted,
-        "every unit admitted locally was written back"
-    );
+    written_back(&limiter, local_admitted).await;
 }
