@@ -63,6 +63,8 @@ struct ClusterRun {
     victim_slot: u16,
     /// (stream, key index) of every key the victim master served at the start.
     victim_keys: HashSet<(usize, usize)>,
+    /// The slot of each local-fallback key (all its rules share it).
+    fallback_slots: Vec<u16>,
     /// When the victim's replica was first seen serving `victim_slot`, µs
     /// since the run's start.
     promoted_at: Option<u64>,
@@ -85,9 +87,13 @@ impl ClusterRun {
                 .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))
         };
         let mut victim_keys = HashSet::new();
+        let mut fallback_slots = Vec::new();
         for stream in 0..crate::plan::STREAMS.len() {
             for k in 0..keys {
                 let slot = slot_of(&storage(stream, k))?;
+                if stream == 2 {
+                    fallback_slots.push(slot);
+                }
                 if masters
                     .iter()
                     .any(|(range, addr)| range.contains(&slot) && addr == victim_addr)
@@ -103,9 +109,10 @@ impl ClusterRun {
             }
         }
         Ok(ClusterRun {
-            victim_slot: slot_of(&storage(2, 0))?,
+            victim_slot: fallback_slots[0],
             target,
             victim_keys,
+            fallback_slots,
             promoted_at: None,
         })
     }
@@ -126,22 +133,26 @@ impl ClusterRun {
         }
     }
 
-    /// The natural-day counter of a storage key, read from its slot's master.
-    fn count(&self, storage: &str) -> Result<u64, String> {
+    /// The natural-day counter of each local-fallback key (`storage(k)` its
+    /// storage key), read from its slot's master as the cluster has it now.
+    fn counts(&self, storage: &dyn Fn(usize) -> String) -> Result<HashMap<usize, u64>, String> {
         let node = &self.target.nodes[self.target.replica];
-        let slot: u16 =
-            tierlimit_test::query_node(node, redis::cmd("CLUSTER").arg("KEYSLOT").arg(storage))
-                .map_err(|e| format!("CLUSTER KEYSLOT: {e}"))?;
-        let owner = tierlimit_test::slot_masters(node)
-            .map_err(|e| format!("CLUSTER SLOTS: {e}"))?
-            .into_iter()
-            .find(|(range, _)| range.contains(&slot))
-            .map(|(_, addr)| addr)
-            .ok_or_else(|| format!("no master serves slot {slot} at the end"))?;
-        let c: Option<u64> =
-            tierlimit_test::query_node(&owner, redis::cmd("HGET").arg(storage).arg("c"))
-                .map_err(|e| format!("reading {storage} back from {owner}: {e}"))?;
-        Ok(c.unwrap_or(0))
+        let masters =
+            tierlimit_test::slot_masters(node).map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+        let mut counts = HashMap::new();
+        for (k, slot) in self.fallback_slots.iter().enumerate() {
+            let owner = masters
+                .iter()
+                .find(|(range, _)| range.contains(slot))
+                .map(|(_, addr)| addr)
+                .ok_or_else(|| format!("no master serves slot {slot} at the end"))?;
+            let key = storage(k);
+            let c: Option<u64> =
+                tierlimit_test::query_node(owner, redis::cmd("HGET").arg(&key).arg("c"))
+                    .map_err(|e| format!("reading {key} back from {owner}: {e}"))?;
+            counts.insert(k, c.unwrap_or(0));
+        }
+        Ok(counts)
     }
 }
 
@@ -401,12 +412,10 @@ fn run_inner(
     // Read back the natural-day counter of every local-fallback key.
     let set = &rule_sets(day_offset_s, sc.edge).map_err(|e| e.to_string())?[2];
     let storage = |k: usize| set.storage_key(&escape_key(&key(2, k)), day_rule(sc.edge));
-    let mut redis_counts = HashMap::new();
-    if let Some(cluster) = &cluster {
-        for k in 0..sc.keys {
-            redis_counts.insert(k, cluster.count(&storage(k))?);
-        }
+    let redis_counts = if let Some(cluster) = &cluster {
+        cluster.counts(&storage)?
     } else {
+        let mut redis_counts = HashMap::new();
         let mut conn = redis::Client::open(driver.controller_url()?)
             .and_then(|c| c.get_connection())
             .map_err(|e| format!("reading Redis back: {e}"))?;
@@ -418,7 +427,8 @@ fn run_inner(
                 .map_err(|e| e.to_string())?;
             redis_counts.insert(k, c.unwrap_or(0));
         }
-    }
+        redis_counts
+    };
     let logs: Vec<AppLog> = log_paths.iter().map(|p| AppLog::read(p)).collect();
     let ctx = Context {
         in_flight: plans.first().map_or(0, |p| p.tasks as u64),
