@@ -1,34 +1,36 @@
 //! One connection type for one server or a Redis Cluster, and the Cluster's
 //! hash slots.
 //!
-//! A Cluster runs a script only when all of its keys are in one hash slot,
-//! and redis-rs sends a pipeline to the node of its first keyed command only
-//! (it refuses a pipeline whose commands name several slots). Every check's
-//! keys share its user key's hash tag, so one check is one slot; what carries
-//! several user keys (a batch, `check_many`, a reconcile pipeline) is split by
-//! [`key_slot`] in Cluster mode, and left whole on one server.
+//! On a Cluster the tier routes each call itself: one reconnecting
+//! connection per master, chosen by the slot map of `nodes.rs`, with
+//! `MOVED` and `ASK` followed once. (redis-rs's cluster client was used
+//! first; while it rebuilds its slot map it holds every request, those for
+//! healthy masters too, behind one lock while it reconnects to each node,
+//! the dead one included, so one failed master slowed every key.)
+//!
+//! A Cluster runs a script only when all of its keys are in one hash slot.
+//! Every check's keys share its user key's hash tag, so one check is one
+//! slot; what carries several user keys (a batch, `check_many`, a reconcile
+//! pipeline) is split by [`key_slot`] in Cluster mode, and left whole on
+//! one server.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
-#[cfg(any(test, feature = "cluster"))]
+#[cfg(test)]
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Script, Value};
 
+#[cfg(feature = "cluster")]
+pub(crate) use router::{ClusterConn, NodeClients};
+
+#[cfg(feature = "cluster")]
+mod router;
+
 /// How many hash slots a Redis Cluster has.
 pub(crate) const SLOTS: u16 = 16384;
-
-/// Retries of one request inside the Cluster client (a `MOVED` followed by
-/// an `ASK`, or a refresh after `READONLY`, then the request): redis-rs's
-/// default of 16, with waits growing to minutes, would outlast any deadline.
-#[cfg(feature = "cluster")]
-pub(crate) const CLUSTER_RETRIES: u32 = 2;
-/// The longest wait between two of those retries, in ms (the first waits
-/// 1 to 2 ms).
-#[cfg(feature = "cluster")]
-pub(crate) const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 4;
 
 /// The hash slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of
 /// the key modulo 16384, or of its hash tag only, the part between the first
@@ -70,16 +72,37 @@ fn crc16(bytes: &[u8]) -> u16 {
 }
 
 /// The connection the tier uses: redis-rs's reconnecting manager for one
-/// server, or its async Cluster connection, which routes every command to the
-/// master of its key's slot and follows `MOVED`/`ASK`. Cloning shares it.
+/// server, or the tier's own Cluster connection (see [`ClusterConn`]).
+/// Cloning shares it.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(ClusterConn),
 }
 
 impl Conn {
+    /// This connection, its calls sent on a Cluster to the master of `slot`
+    /// (on one server, unchanged).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) fn at(self, slot: u16) -> Conn {
+        match self {
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn) => Conn::Cluster(conn.at(slot)),
+            single => single,
+        }
+    }
+
+    /// On a Cluster, drops the connection to master `addr` (see
+    /// [`ClusterConn::forget`]).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) fn forget(&self, addr: &str) {
+        #[cfg(feature = "cluster")]
+        if let Conn::Cluster(conn) = self {
+            conn.forget(addr);
+        }
+    }
+
     /// Sends one command and answers its reply, an error reply as a value.
     /// On one server through the manager's own method: the trait's would box
     /// its future, one allocation more per check.
@@ -87,7 +110,7 @@ impl Conn {
         match self {
             Conn::Single(conn) => conn.send_packed_command(cmd).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(conn) => conn.req_packed_command(cmd).await,
+            Conn::Cluster(conn) => conn.send(cmd).await,
         }
     }
 
@@ -99,42 +122,28 @@ impl Conn {
         match self {
             Conn::Single(conn) => conn.send_packed_commands(pipe, 0, pipe.len()).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(conn) => conn.req_packed_commands(pipe, 0, pipe.len()).await,
+            Conn::Cluster(conn) => conn.send_pipeline(pipe).await,
         }
     }
 
     /// Asks one node for `PONG`: the server, or on a Cluster the master of
-    /// `slot`, else a random node (redis-rs sends a plain `PING` to every
-    /// node, and one hung node would hold it up).
-    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    pub(crate) async fn ping(&mut self, slot: Option<u16>) -> RedisResult<()> {
-        match self {
-            Conn::Single(conn) => redis::cmd("PING")
-                .query_async::<String>(conn)
-                .await
-                .map(drop),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(conn) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let node = match slot {
-                    Some(slot) => {
-                        SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-                    }
-                    None => SingleNodeRoutingInfo::Random,
-                };
-                conn.route_command(redis::cmd("PING"), RoutingInfo::SingleNode(node))
-                    .await?
-                    .extract_error()
-                    .map(drop)
-            }
-        }
+    /// `slot`, else any master that is not down.
+    pub(crate) async fn ping(self, slot: Option<u16>) -> RedisResult<()> {
+        let mut conn = match slot {
+            Some(slot) => self.at(slot),
+            None => self,
+        };
+        conn.send_packed_command(&redis::cmd("PING"))
+            .await?
+            .extract_error()
+            .map(drop)
     }
 
     /// Loads `script` where the command that met `NOSCRIPT` ran: on one
     /// server, there; on a Cluster, on the master of `slot` (the node that
     /// answered, unless the slot moved meanwhile; then the retried command
     /// meets `NOSCRIPT` again and fails as a Redis fault, and the next call
-    /// loads it on the new master). Without a slot, on every node.
+    /// loads it on the new master). Without a slot, on every master.
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     pub(crate) async fn load_script(
         &mut self,
@@ -145,25 +154,20 @@ impl Conn {
             Conn::Single(conn) => script.load_async(conn).await.map(drop),
             #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let (Some(slot), Some(source)) = (slot, crate::script::source_of(script)) else {
+                let Some(source) = crate::script::source_of(script) else {
                     return script.load_async(conn).await.map(drop);
                 };
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(source);
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot, SlotAddr::Master),
-                ));
-                conn.route_command(load, route)
-                    .await?
-                    .extract_error()
-                    .map(drop)
+                let reply = match slot {
+                    Some(slot) => conn.clone().at(slot).send(&load).await?,
+                    None => conn.send_to_every_master(&load).await?,
+                };
+                reply.extract_error().map(drop)
             }
         }
     }
-}
 
-impl Conn {
     /// Loads the Functions library ([`LIBRARY`](crate::script::LIBRARY)) where
     /// a call met `Function not found`, as [`load_script`](Self::load_script)
     /// loads a script: on one server, there; on a Cluster, on the master of
@@ -177,22 +181,10 @@ impl Conn {
         match self {
             Conn::Single(conn) => conn.send_packed_command(&load).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(conn) => {
-                use redis::cluster_routing::{
-                    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo,
-                    SingleNodeRoutingInfo, SlotAddr,
-                };
-                let route = match slot {
-                    Some(slot) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::new(slot, SlotAddr::Master),
-                    )),
-                    None => RoutingInfo::MultiNode((
-                        MultipleNodeRoutingInfo::AllMasters,
-                        Some(ResponsePolicy::AllSucceeded),
-                    )),
-                };
-                conn.route_command(load, route).await
-            }
+            Conn::Cluster(conn) => match slot {
+                Some(slot) => conn.clone().at(slot).send(&load).await,
+                None => conn.send_to_every_master(&load).await,
+            },
         }
     }
 }
@@ -235,26 +227,27 @@ pub(crate) enum Backend {
         config: ConnectionManagerConfig,
     },
     #[cfg(feature = "cluster")]
-    Cluster {
-        client: redis::cluster::ClusterClient,
-        config: redis::cluster::ClusterConfig,
-        /// `host:port` of each seed node, for `Debug`.
-        seeds: Vec<String>,
-    },
+    Cluster(std::sync::Arc<NodeClients>),
 }
 
 impl Backend {
-    /// A connection that connects on its first command (no I/O here).
-    pub(crate) fn connect_lazy(&self) -> RedisResult<Conn> {
+    /// A connection that connects on its first command (no I/O here); on a
+    /// Cluster, routed by `nodes`.
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) fn connect_lazy(
+        &self,
+        nodes: &std::sync::Arc<crate::nodes::Nodes>,
+    ) -> RedisResult<Conn> {
         match self {
             Backend::Single { client, config } => {
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                     .map(Conn::Single)
             }
             #[cfg(feature = "cluster")]
-            Backend::Cluster { client, config, .. } => Ok(Conn::Cluster(
-                client.get_pending_async_connection_with_config(config.clone()),
-            )),
+            Backend::Cluster(clients) => Ok(Conn::Cluster(ClusterConn::new(
+                std::sync::Arc::clone(nodes),
+                std::sync::Arc::clone(clients),
+            ))),
         }
     }
 
@@ -267,19 +260,41 @@ impl Backend {
         match self {
             Backend::Single { client, .. } => client.get_connection_info().addr().to_string(),
             #[cfg(feature = "cluster")]
-            Backend::Cluster { seeds, .. } => format!("cluster of {}", seeds.join(",")),
+            Backend::Cluster(clients) => format!("cluster of {}", clients.seeds().join(",")),
         }
     }
 }
 
+/// The seed nodes of a `redis+cluster://` URL: every node's URL is
+/// `{prefix}{host:port}{tail}`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Seeds {
+    /// `redis://` or `rediss://`, and the credentials with their `@`.
+    pub(crate) prefix: String,
+    /// `host:port` of each seed, as the URL gave them.
+    pub(crate) hosts: Vec<String>,
+    /// The path and query after the hosts.
+    pub(crate) tail: String,
+}
+
+impl Seeds {
+    /// Each seed's own URL.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.hosts
+            .iter()
+            .map(|host| format!("{}{host}{}", self.prefix, self.tail))
+            .collect()
+    }
+}
+
 /// The seed nodes of a `redis+cluster://` (or `rediss+cluster://`) URL, each
-/// as a `redis://` (or `rediss://`) URL with the same credentials, path and
-/// query; `Ok(None)` for any other scheme. `Err` says what is wrong, in
-/// words that never contain the URL's credentials.
+/// reached as a `redis://` (or `rediss://`) URL with the same credentials,
+/// path and query; `Ok(None)` for any other scheme. `Err` says what is
+/// wrong, in words that never contain the URL's credentials.
 ///
 /// `redis+cluster://user:pass@host1:7000,host2:7001/` seeds
 /// `redis://user:pass@host1:7000/` and `redis://user:pass@host2:7001/`.
-pub(crate) fn seed_urls(url: &str) -> Result<Option<Vec<String>>, String> {
+pub(crate) fn seed_urls(url: &str) -> Result<Option<Seeds>, String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Ok(None);
     };
@@ -301,7 +316,7 @@ pub(crate) fn seed_urls(url: &str) -> Result<Option<Vec<String>>, String> {
     if hosts.is_empty() {
         return Err("a cluster URL needs at least one seed node (host:port)".into());
     }
-    hosts
+    let hosts = hosts
         .split(',')
         .enumerate()
         .map(|(i, host)| {
@@ -313,45 +328,15 @@ pub(crate) fn seed_urls(url: &str) -> Result<Option<Vec<String>>, String> {
                     i + 1
                 ))
             } else {
-                Ok(format!("{node_scheme}://{userinfo}{host}{tail}"))
+                Ok(host.to_string())
             }
         })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-/// Builds the Cluster client for `nodes` with this crate's bounds: every
-/// attempt's response and connection within the deadline, few retries and
-/// waits of a few ms, so the client never holds a check past its deadline on
-/// its own (redis-rs's defaults: no response timeout, 16 retries).
-#[cfg(feature = "cluster")]
-pub(crate) fn cluster_client(
-    nodes: Vec<redis::ConnectionInfo>,
-    connect_timeout: Duration,
-    deadline: Duration,
-    #[cfg(feature = "tls")] certificates: Option<redis::TlsCertificates>,
-) -> RedisResult<(redis::cluster::ClusterClient, redis::cluster::ClusterConfig)> {
-    let connect_timeout = connect_timeout.min(deadline);
-    let builder = redis::cluster::ClusterClientBuilder::new(nodes)
-        .connection_timeout(connect_timeout)
-        .response_timeout(deadline)
-        .overall_response_timeout(Some(deadline))
-        .retries(CLUSTER_RETRIES)
-        .min_retry_wait(1)
-        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
-        .retry_wait_formula(1, 2)
-        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    #[cfg(feature = "tls")]
-    let builder = match certificates {
-        Some(certificates) => builder.certs(certificates),
-        None => builder,
-    };
-    // The connection's own config overrides the builder's timeouts (a
-    // `ClusterConfig::default()` would switch the response timeout off).
-    let config = redis::cluster::ClusterConfig::new()
-        .set_connection_timeout(connect_timeout)
-        .set_response_timeout(deadline);
-    Ok((builder.build()?, config))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Seeds {
+        prefix: format!("{node_scheme}://{userinfo}"),
+        hosts,
+        tail: tail.to_string(),
+    }))
 }
 
 /// Runs every future of `futures` at once on this task and answers their
@@ -452,15 +437,16 @@ mod tests {
     #[test]
     fn seed_urls_keep_credentials_path_and_query() {
         assert_eq!(seed_urls("redis://h:1/"), Ok(None));
+        let urls = |url| seed_urls(url).map(|seeds| seeds.map(|s| s.urls()));
         assert_eq!(
-            seed_urls("redis+cluster://u:p@a:7000,b:7001/?protocol=resp3"),
+            urls("redis+cluster://u:p@a:7000,b:7001/?protocol=resp3"),
             Ok(Some(vec![
                 "redis://u:p@a:7000/?protocol=resp3".to_string(),
                 "redis://u:p@b:7001/?protocol=resp3".to_string(),
             ]))
         );
         assert_eq!(
-            seed_urls("REDISS+CLUSTER://a:1"),
+            urls("REDISS+CLUSTER://a:1"),
             Ok(Some(vec!["rediss://a:1".to_string()]))
         );
         for bad in [

@@ -1,18 +1,19 @@
 //! On a Redis Cluster: which master serves each hash slot, and which masters
 //! failed a call lately.
 //!
+//! The tier routes every call itself by this map (see `cluster.rs`), so a
+//! failed master holds up only the calls for its own slots.
 //! [`FAILURES_TO_MARK`] calls in a row that fail on a master mark it down
-//! for a short while (one call that passed its deadline while the client
-//! stalled does not). Until then, checks of keys in its slots fail at once, with no I/O
+//! for a short while (one call that passed its deadline does not). Until
+//! then, checks of keys in its slots fail at once, with no I/O
 //! ([`RedisFailure::NodeDown`](tierlimit_core::RedisFailure::NodeDown)), so
 //! they get their policy's answer without waiting, and keys on the other
-//! masters go on to Redis as before: one failed master never slows the
-//! others' keys. The map of slots comes from `CLUSTER SLOTS` and is read
-//! again while a master is down, so once its replica is promoted the slots
-//! point at the new master and their checks go to Redis again.
+//! masters go on to Redis as before. The map comes from `CLUSTER SLOTS` and
+//! is read again while a master is down and after a `MOVED`, so once a
+//! replica is promoted its slots' calls go to it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -29,7 +30,7 @@ const UNKNOWN: u16 = u16::MAX;
 /// One master as `CLUSTER SLOTS` names it.
 #[derive(Debug)]
 struct Master {
-    /// `host:port`.
+    /// `host:port` (`[host]:port` for an IPv6 address).
     addr: String,
     /// Until when (µs on the tier's monotonic clock) its slots fail at once;
     /// 0 when it is not down.
@@ -74,7 +75,14 @@ impl SlotMap {
                 _ => return None,
             };
             let addr = match master.as_slice() {
-                [host, Value::Int(port), ..] => format!("{}:{port}", text(host)?),
+                [host, Value::Int(port), ..] => {
+                    let host = text(host).filter(|h| !h.is_empty() && h != "?")?;
+                    if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    }
+                }
                 _ => return None,
             };
             let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
@@ -118,6 +126,12 @@ pub(crate) struct Nodes {
     map: ArcSwap<SlotMap>,
     /// How long a master that failed a call stays down.
     down_for: Duration,
+    /// A node answered `MOVED`: the map is out of date.
+    stale: AtomicBool,
+    /// Turns of [`any_master`](Self::any_master).
+    turn: AtomicUsize,
+    /// The origin of the monotonic µs the down marks are kept in.
+    origin: std::time::Instant,
 }
 
 impl Nodes {
@@ -125,7 +139,51 @@ impl Nodes {
         Nodes {
             map: ArcSwap::from_pointee(SlotMap::empty()),
             down_for,
+            stale: AtomicBool::new(false),
+            turn: AtomicUsize::new(0),
+            origin: std::time::Instant::now(),
         }
+    }
+
+    /// µs since these nodes were made, on the monotonic clock: the time the
+    /// down marks are kept in.
+    pub(crate) fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// What `with` answers for the address of `slot`'s master, `None` when
+    /// no master is known for it (no allocation: the address is lent).
+    pub(crate) fn with_master<R>(&self, slot: u16, with: impl FnOnce(&str) -> R) -> Option<R> {
+        let map = self.map.load();
+        map.master(slot).map(|master| with(&master.addr))
+    }
+
+    /// A master that is not down at `now`, another at each call (all of
+    /// them in turn when every one is down); `None` before the first map.
+    pub(crate) fn any_master(&self, now: u64) -> Option<String> {
+        let map = self.map.load();
+        let count = map.masters.len();
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let up = (0..count)
+            .map(|i| &map.masters[(start + i) % count.max(1)])
+            .find(|m| m.down_until.load(Ordering::Acquire) <= now);
+        up.or_else(|| map.masters.get(start % count.max(1)))
+            .map(|m| m.addr.clone())
+    }
+
+    /// Every master's address.
+    pub(crate) fn masters(&self) -> Vec<String> {
+        self.map.load().masters.iter().map(|m| m.addr.clone()).collect()
+    }
+
+    /// A node answered `MOVED`: read the map again soon.
+    pub(crate) fn moved(&self) {
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// True once after [`moved`](Self::moved).
+    pub(crate) fn take_moved(&self) -> bool {
+        self.stale.load(Ordering::Relaxed) && self.stale.swap(false, Ordering::AcqRel)
     }
 
     /// The address of the master down at `now` (µs) that serves `slot`, if it is.
@@ -137,20 +195,19 @@ impl Nodes {
 
     /// A call for `slot` failed at `now` (µs): after [`FAILURES_TO_MARK`]
     /// in a row its master is down for a while (and again at each failure
-    /// after that, until a call succeeds). False when no master is known for
-    /// the slot.
-    pub(crate) fn failed(&self, slot: u16, now: u64) -> bool {
+    /// after that, until a call succeeds). Answers the master's address when
+    /// this failure marks it down and it was not down before.
+    pub(crate) fn failed(&self, slot: u16, now: u64) -> Option<String> {
         let map = self.map.load();
-        let Some(master) = map.master(slot) else {
-            return false;
-        };
-        if master.failures.fetch_add(1, Ordering::AcqRel) + 1 >= FAILURES_TO_MARK {
-            let down_for = u64::try_from(self.down_for.as_micros()).unwrap_or(u64::MAX);
-            master
-                .down_until
-                .fetch_max(now.saturating_add(down_for), Ordering::AcqRel);
+        let master = map.master(slot)?;
+        if master.failures.fetch_add(1, Ordering::AcqRel) + 1 < FAILURES_TO_MARK {
+            return None;
         }
-        true
+        let down_for = u64::try_from(self.down_for.as_micros()).unwrap_or(u64::MAX);
+        let was = master
+            .down_until
+            .fetch_max(now.saturating_add(down_for), Ordering::AcqRel);
+        (was <= now).then(|| master.addr.clone())
     }
 
     /// A call for `slot` succeeded: its master's failures in a row start again.
@@ -160,16 +217,6 @@ impl Nodes {
             && master.failures.load(Ordering::Relaxed) != 0
         {
             master.failures.store(0, Ordering::Release);
-        }
-    }
-
-    /// Forgets every master's failures and down marks: the calls that made them
-    /// went through a connection that has just been replaced (one that still
-    /// sent a moved slot's calls to its old master).
-    pub(crate) fn forget_failures(&self) {
-        for master in &self.map.load().masters {
-            master.failures.store(0, Ordering::Release);
-            master.down_until.store(0, Ordering::Release);
         }
     }
 
@@ -183,10 +230,8 @@ impl Nodes {
 
     /// Takes `fresh` as the map in force. A master in both keeps its down
     /// mark; a master that serves no slot any more (failed over) is gone
-    /// with its mark, so its slots' new master is asked at once. Answers a
-    /// slot that has a new master in `fresh` (a failover or a resharding
-    /// happened since the old map was read), if one has.
-    pub(crate) fn replace(&self, fresh: SlotMap) -> Option<u16> {
+    /// with its mark, so its slots' new master is asked at once.
+    pub(crate) fn replace(&self, fresh: SlotMap) {
         let old = self.map.load();
         for master in &fresh.masters {
             if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
@@ -198,16 +243,7 @@ impl Nodes {
                     .store(before.failures.load(Ordering::Acquire), Ordering::Release);
             }
         }
-        // A slot with no master in one map and one in the other counts too
-        // (a reply read while a failed master's slots were unserved), but
-        // not the first map of all.
-        let moved = (0..SLOTS).find(|&slot| match (old.master(slot), fresh.master(slot)) {
-            (Some(was), Some(now)) => was.addr != now.addr,
-            (None, Some(_)) => !old.masters.is_empty(),
-            (_, None) => false,
-        });
         self.map.store(Arc::new(fresh));
-        moved
     }
 }
 
@@ -272,17 +308,18 @@ mod tests {
     #[test]
     fn a_failed_master_is_down_for_its_own_slots_only_and_for_a_while() {
         let nodes = Nodes::new(Duration::from_millis(500));
-        assert!(!nodes.failed(0, 0), "no map yet: nothing to mark");
-        assert_eq!(
-            nodes.replace(three_masters()),
-            None,
-            "a first map moves no slot"
-        );
+        assert_eq!(nodes.failed(0, 0), None, "no map yet: nothing to mark");
+        nodes.replace(three_masters());
         for _ in 1..FAILURES_TO_MARK {
-            assert!(nodes.failed(100, 1_000));
+            assert_eq!(nodes.failed(100, 1_000), None, "not yet: fewer in a row");
             assert_eq!(nodes.down(100, 1_000), None, "not yet: fewer in a row");
         }
-        assert!(nodes.failed(100, 1_000));
+        assert_eq!(
+            nodes.failed(100, 1_000).as_deref(),
+            Some("127.0.0.1:7000"),
+            "marked down by this failure"
+        );
+        assert_eq!(nodes.failed(100, 1_000), None, "already down");
         assert_eq!(nodes.down(5460, 1_000).as_deref(), Some("127.0.0.1:7000"));
         assert_eq!(nodes.down(5461, 1_000), None, "another master's slot");
         assert_eq!(nodes.down(16383, 1_000), None, "another master's slot");
@@ -294,22 +331,8 @@ mod tests {
         assert_eq!(nodes.down(0, 501_000), None, "asked again after the while");
         assert!(!nodes.any_down(501_000));
         // Still failing after the while: down again at once.
-        nodes.failed(0, 502_000);
+        assert!(nodes.failed(0, 502_000).is_some(), "down again");
         assert!(nodes.down(0, 502_001).is_some());
-    }
-
-    #[test]
-    fn forgotten_failures_count_again_from_the_first() {
-        let nodes = Nodes::new(Duration::from_millis(500));
-        nodes.replace(three_masters());
-        for _ in 0..FAILURES_TO_MARK {
-            nodes.failed(0, 0);
-        }
-        assert!(nodes.down(0, 1).is_some());
-        nodes.forget_failures();
-        assert_eq!(nodes.down(0, 1), None, "forgotten");
-        nodes.failed(0, 2);
-        assert_eq!(nodes.down(0, 3), None, "counted again from the first");
     }
 
     #[test]
@@ -333,6 +356,42 @@ mod tests {
     }
 
     #[test]
+    fn any_master_takes_turns_and_skips_the_down_ones() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        assert_eq!(nodes.any_master(0), None, "no map yet");
+        nodes.replace(three_masters());
+        let mut seen: Vec<String> = (0..3).filter_map(|_| nodes.any_master(0)).collect();
+        seen.sort();
+        assert_eq!(seen, nodes.masters(), "each master in turn");
+        for _ in 0..FAILURES_TO_MARK {
+            nodes.failed(0, 0);
+        }
+        for _ in 0..6 {
+            assert_ne!(nodes.any_master(1).as_deref(), Some("127.0.0.1:7000"));
+        }
+    }
+
+    #[test]
+    fn a_moved_reply_is_taken_once() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        assert!(!nodes.take_moved());
+        nodes.moved();
+        assert!(nodes.take_moved());
+        assert!(!nodes.take_moved(), "taken");
+    }
+
+    #[test]
+    fn ipv6_masters_are_bracketed() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![bulk("::1"), Value::Int(7000), bulk("id")]),
+        ])]);
+        let map = SlotMap::from_cluster_slots(&reply).expect("a CLUSTER SLOTS reply");
+        assert_eq!(map.masters[0].addr, "[::1]:7000");
+    }
+
+    #[test]
     fn a_new_map_keeps_marks_of_masters_it_keeps_and_drops_failed_over_ones() {
         let nodes = Nodes::new(Duration::from_secs(1));
         nodes.replace(three_masters());
@@ -340,23 +399,16 @@ mod tests {
             nodes.failed(0, 0);
             nodes.failed(6_000, 0);
         }
-        assert_eq!(
-            nodes.replace(three_masters()),
-            None,
-            "the same map again moves no slot"
-        );
+        nodes.replace(three_masters());
+        assert!(nodes.down(0, 10).is_some(), "the same map keeps the mark");
         // 7000's replica (7001) was promoted; 7002 is still down and serving.
-        assert_eq!(
-            nodes.replace(
-                SlotMap::from_cluster_slots(&Value::Array(vec![
-                    range(0, 5460, 7001),
-                    range(5461, 10922, 7002),
-                    range(10923, 16383, 7004),
-                ]))
-                .expect("a CLUSTER SLOTS reply"),
-            ),
-            Some(0),
-            "slots 0-5460 moved to another master"
+        nodes.replace(
+            SlotMap::from_cluster_slots(&Value::Array(vec![
+                range(0, 5460, 7001),
+                range(5461, 10922, 7002),
+                range(10923, 16383, 7004),
+            ]))
+            .expect("a CLUSTER SLOTS reply"),
         );
         assert_eq!(
             nodes.down(0, 10),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -33,10 +33,6 @@ use crate::{CheckRequest, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 /// that a dead master costs one deadline per half second, not one per check;
 /// short enough that a master that only hiccuped is back at once.
 const NODE_DOWN_FOR: Duration = Duration::from_millis(500);
-
-/// On a Cluster, how many `PING`s a replacement connection gets to answer
-/// (see [`RedisTier::replace_connection`]).
-const PING_TRIES: u32 = 3;
 
 /// How often the slot map is read while a master is down.
 const SLOTS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -119,15 +115,11 @@ struct Inner {
     mode: AtomicU8,
     /// Checks waiting for the call in flight (see `batch.rs`).
     batcher: Batcher,
-    /// On a Cluster: which master serves each slot, and which failed lately.
-    nodes: Nodes,
+    /// On a Cluster: which master serves each slot, and which failed lately
+    /// (shared with the Cluster connections, which route by it).
+    nodes: Arc<Nodes>,
     /// A task reads the slot map again (see [`RedisTier::refresh_slots`]).
     refreshing: AtomicBool,
-    /// On a Cluster: 1 + a slot that moved to another master since the
-    /// connection was made, while no fresh one has replaced it yet; else 0.
-    renew: AtomicU32,
-    /// The origin of the monotonic µs the down marks are kept in.
-    origin: std::time::Instant,
 }
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
@@ -174,8 +166,7 @@ impl RedisTier {
     pub fn new(config: RedisTierConfig) -> Result<RedisTier> {
         config.validate()?;
         let backend = backend_for(&config)?;
-        let replace_budget = config.connect_timeout
-            + config.deadline * if backend.is_cluster() { PING_TRIES } else { 1 };
+        let replace_budget = config.connect_timeout + config.deadline;
         Ok(RedisTier {
             inner: Arc::new(Inner {
                 backend,
@@ -189,10 +180,8 @@ impl RedisTier {
                 reconcile_loaded: AtomicBool::new(false),
                 mode: AtomicU8::new(MODE_UNKNOWN),
                 batcher: Batcher::new(config.max_batch),
-                nodes: Nodes::new(NODE_DOWN_FOR),
+                nodes: Arc::new(Nodes::new(NODE_DOWN_FOR)),
                 refreshing: AtomicBool::new(false),
-                renew: AtomicU32::new(0),
-                origin: std::time::Instant::now(),
             }),
         })
     }
@@ -617,7 +606,9 @@ impl RedisTier {
             0
         };
         let reply = self
-            .call(|conn| send_refused_once(conn, |c| self.run(c, cmd, slot)))
+            .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
+                send_refused_once(conn, |c| self.run(c, cmd, slot))
+            })
             .await
             .map_err(Failure::into_error)?;
         redis::from_redis_value(reply).map_err(|e| {
@@ -961,20 +952,13 @@ impl RedisTier {
     /// hung server (SIGSTOP, a blackholed route) every call would keep paying
     /// the full deadline on the dead socket: the circuit breaker calls this
     /// after some consecutive timeouts. If the replacement cannot connect
-    /// within the connect timeout plus the deadline (on a Cluster, plus
-    /// three deadlines: its `PING` may wait once for a hung seed), the
-    /// current connection stays. Returns false when a replacement is already under way. Outside
+    /// within the connect timeout plus the deadline (on a Cluster, its
+    /// `PING` goes to a master that is not down), the current connection
+    /// stays. Returns false when a replacement is already under way. Outside
     /// a Tokio runtime it only drops the current connection, so the next call
     /// makes a new one. The reconcile batches' connection is dropped at once
     /// either way: nothing waits on it, and the next batch connects afresh.
     pub fn replace_connection(&self) -> bool {
-        self.renew_connection(None)
-    }
-
-    /// [`replace_connection`](Self::replace_connection), with the fresh
-    /// connection's `PING` sent, on a Cluster, to the master of `slot` (a
-    /// node known to answer) rather than to a random node.
-    fn renew_connection(&self, slot: Option<u16>) -> bool {
         if self.inner.replacing.swap(true, Ordering::AcqRel) {
             return false;
         }
@@ -989,18 +973,8 @@ impl RedisTier {
         runtime.spawn(async move {
             let _done = ClearOnDrop(&inner.replacing);
             let connect = async {
-                let fresh = inner.backend.connect_lazy()?;
-                // A new Cluster connection first tries every seed, each within
-                // the connect timeout, and a command sent meanwhile waits
-                // with them: one hung seed makes the first PING time out.
-                // Ask again (the budget allows for it).
-                let mut tries = PING_TRIES;
-                while let Err(e) = fresh.clone().ping(slot).await {
-                    tries -= 1;
-                    if tries == 0 || !inner.backend.is_cluster() {
-                        return Err(e);
-                    }
-                }
+                let fresh = inner.backend.connect_lazy(&inner.nodes)?;
+                fresh.clone().ping(None).await?;
                 Ok::<_, RedisError>(fresh)
             };
             match tokio::time::timeout(inner.replace_budget, connect).await {
@@ -1008,12 +982,6 @@ impl RedisTier {
                     inner.conn.store(Some(Arc::new(fresh)));
                     inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
-                    inner.renew.store(0, Ordering::Release);
-                    if slot.is_some() {
-                        // Renewed because a slot moved: what failed before
-                        // went through the old connection's stale routes.
-                        inner.nodes.forget_failures();
-                    }
                     tracing::info!("replaced the Redis connection");
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not replace the Redis connection"),
@@ -1061,11 +1029,12 @@ impl RedisTier {
         ))
     }
 
-    /// A call for `slot` failed: on a Cluster, when the fault is the node's
-    /// (no answer, refused, lost, or the cluster moving the slot), it counts
-    /// against its master (see `nodes.rs`: a few in a row mark it down for
-    /// [`NODE_DOWN_FOR`]) and the slot map is read again.
-    fn node_failed(&self, slot: u16, failure: &Failure) {
+    /// A call for `slot` through `conn` failed: on a Cluster, when the fault
+    /// is the node's (no answer, refused, lost, or the cluster moving the
+    /// slot), it counts against its master (see `nodes.rs`: a few in a row
+    /// mark it down for [`NODE_DOWN_FOR`], and its connection is dropped)
+    /// and the slot map is read again.
+    fn node_failed(&self, conn: &ArcSwapOption<Conn>, slot: u16, failure: &Failure) {
         if !self.inner.backend.is_cluster() {
             return;
         }
@@ -1084,7 +1053,11 @@ impl RedisTier {
                     | RedisFailure::Loading
             )
         ) {
-            self.inner.nodes.failed(slot, self.monotonic_us());
+            if let Some(addr) = self.inner.nodes.failed(slot, self.monotonic_us())
+                && let Some(conn) = conn.load().as_deref()
+            {
+                conn.forget(&addr);
+            }
             self.refresh_slots();
         }
     }
@@ -1124,24 +1097,11 @@ impl RedisTier {
                             .await
                     })
                     .await;
-                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots)
-                    && let Some(moved) = tier.inner.nodes.replace(map)
-                {
-                    // A slot has a new master. redis-rs learns that from a
-                    // MOVED or a failed connection, but a hung old master
-                    // sends neither: its calls would go on timing out there
-                    // until it answered again. A fresh connection reads the
-                    // slots anew; until one is in place, try again each round.
-                    tier.inner
-                        .renew
-                        .store(u32::from(moved) + 1, Ordering::Release);
+                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots) {
+                    tier.inner.nodes.replace(map);
                 }
-                if let Some(moved) = tier.renew_slot() {
-                    tier.renew_connection(Some(moved));
-                }
-                let busy = |tier: &RedisTier| {
-                    tier.inner.nodes.any_down(tier.monotonic_us()) || tier.renew_slot().is_some()
-                };
+                let busy =
+                    |tier: &RedisTier| tier.inner.nodes.any_down(tier.monotonic_us());
                 if !busy(&tier) {
                     tier.inner.refreshing.store(false, Ordering::Release);
                     // A master marked down since the check above finds the
@@ -1156,16 +1116,9 @@ impl RedisTier {
         });
     }
 
-    /// A slot that moved to another master while no fresh connection has
-    /// replaced the one made before (see `refresh_slots`).
-    fn renew_slot(&self) -> Option<u16> {
-        let renew = self.inner.renew.load(Ordering::Acquire);
-        u16::try_from(renew.checked_sub(1)?).ok()
-    }
-
-    /// µs since the tier was made, on the monotonic clock.
+    /// µs on the monotonic clock the down marks are kept in.
     fn monotonic_us(&self) -> u64 {
-        u64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.inner.nodes.now_us()
     }
 
     /// The hash slot of storage key `key` on a Cluster; 0 on one server,
@@ -1233,16 +1186,20 @@ impl RedisTier {
             let conn = self.connection(slot)?;
             op(conn).await
         };
-        match tokio::time::timeout(budget, work).await {
+        let outcome = match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(Failure::Redis(e)),
             Err(_) => Err(Failure::Timeout),
+        };
+        if self.inner.nodes.take_moved() {
+            self.refresh_slots();
         }
+        outcome
     }
 
-    /// [`call_on`](Self::call_on) for keys in hash `slot`: on a Cluster its
-    /// outcome counts for or against the slot's master (see
-    /// [`node_failed`](Self::node_failed)).
+    /// [`call_on`](Self::call_on) for keys in hash `slot`: on a Cluster it
+    /// goes to the slot's master, and its outcome counts for or against that
+    /// master (see [`node_failed`](Self::node_failed)).
     async fn call_slot<T, F, Fut>(
         &self,
         conn: &ArcSwapOption<Conn>,
@@ -1254,10 +1211,10 @@ impl RedisTier {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let outcome = self.call_on(conn, budget, op).await;
+        let outcome = self.call_on(conn, budget, |c| op(c.at(slot))).await;
         match &outcome {
             Ok(_) => self.node_answered(slot),
-            Err(failure) => self.node_failed(slot, failure),
+            Err(failure) => self.node_failed(conn, slot, failure),
         }
         outcome
     }
@@ -1269,7 +1226,7 @@ impl RedisTier {
         if let Some(conn) = slot.load_full() {
             return Ok((*conn).clone());
         }
-        let fresh = Arc::new(self.inner.backend.connect_lazy()?);
+        let fresh = Arc::new(self.inner.backend.connect_lazy(&self.inner.nodes)?);
         if self.inner.backend.is_cluster() {
             self.refresh_slots();
         }
@@ -1316,6 +1273,14 @@ fn backend_for(config: &RedisTierConfig) -> Result<Backend> {
     };
     #[cfg(feature = "tls")]
     let certificates = tls_certificates(config, tls_scheme, &bad_url)?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // Our deadline is the real bound; this only stops redis-rs from
+        // waiting on its own default (500 ms) for abandoned requests.
+        .set_response_timeout(Some(config.deadline))
+        .set_number_of_retries(config.reconnect_retries)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(config.reconnect_max_delay);
     if let Some(seeds) = seeds {
         #[cfg(not(feature = "cluster"))]
         {
@@ -1327,34 +1292,21 @@ fn backend_for(config: &RedisTierConfig) -> Result<Backend> {
         }
         #[cfg(feature = "cluster")]
         {
-            let nodes = seeds
-                .iter()
-                .map(|node| info(node))
-                .collect::<Result<Vec<_>>>()?;
-            let shown = nodes.iter().map(|n| n.addr().to_string()).collect();
-            let (client, cluster_config) = crate::cluster::cluster_client(
-                nodes,
-                config.connect_timeout,
-                config.deadline,
+            for node in seeds.urls() {
+                info(&node)?;
+            }
+            let clients = crate::cluster::NodeClients::new(
+                seeds.prefix,
+                seeds.hosts,
+                seeds.tail,
+                manager_config,
                 #[cfg(feature = "tls")]
                 certificates,
             )
             .map_err(|e| bad_url(&e.to_string()))?;
-            return Ok(Backend::Cluster {
-                client,
-                config: cluster_config,
-                seeds: shown,
-            });
+            return Ok(Backend::Cluster(Arc::new(clients)));
         }
     }
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        // Our deadline is the real bound; this only stops redis-rs from
-        // waiting on its own default (500 ms) for abandoned requests.
-        .set_response_timeout(Some(config.deadline))
-        .set_number_of_retries(config.reconnect_retries)
-        .set_min_delay(RECONNECT_MIN_DELAY)
-        .set_max_delay(config.reconnect_max_delay);
     let info = info(url)?;
     #[cfg(feature = "tls")]
     if let Some(certificates) = certificates {
