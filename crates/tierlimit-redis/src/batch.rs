@@ -124,6 +124,12 @@ pub(crate) struct Batcher {
     max: usize,
 }
 
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").field("max", &self.max).finish()
+    }
+}
+
 /// What a check arriving at the batcher does.
 pub(crate) enum Entry {
     /// Few calls are in flight: send a lone call now (and end it with
@@ -145,6 +151,11 @@ impl Batcher {
 
     pub(crate) fn enabled(&self) -> bool {
         self.max > 1
+    }
+
+    /// The most checks one batch holds.
+    pub(crate) fn max(&self) -> usize {
+        self.max
     }
 
     /// A check arrives; `make` builds its queue entry, only if it must wait.

@@ -53,7 +53,9 @@
 //! # Redis Cluster
 //!
 //! `redis+cluster://host1:7000,host2:7001/` (the `cluster` feature, on by
-//! default) checks on a Redis Cluster: each check goes to the master of its
+//! default) checks on a Redis Cluster. The tier reads the slot map itself
+//! and keeps one connection per master, so a failed master holds up only its
+//! own slots' calls. Each check goes to the master of its
 //! user key's hash slot (every storage key of a check shares the tag
 //! `{<user key>}`, so a check of many rules is still one script call). What
 //! carries many keys is split by slot: a batch of concurrent checks becomes
@@ -66,7 +68,8 @@
 //! while the other masters' keys go on, provided the servers run with
 //! `cluster-require-full-coverage no`: with Redis's default (`yes`) every
 //! master refuses every key (`CLUSTERDOWN`) until the failed master's replica
-//! is promoted. [`RedisTier::ping`] asks every master (one down fails it).
+//! is promoted. [`RedisTier::ping`] asks one master, one not marked down
+//! when there is one.
 //!
 //! # TLS and ACL users
 //!

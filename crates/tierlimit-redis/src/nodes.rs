@@ -19,6 +19,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use redis::Value;
 
+use crate::batch::Batcher;
 use crate::cluster::SLOTS;
 
 /// Calls in a row that must fail on a master before it is marked down.
@@ -37,6 +38,8 @@ struct Master {
     down_until: AtomicU64,
     /// Calls that failed on it since the last that did not.
     failures: AtomicU32,
+    /// The checks waiting for calls in flight to it (see `batch.rs`).
+    batcher: Arc<Batcher>,
 }
 
 /// Slot -> master, as one `CLUSTER SLOTS` reply said.
@@ -57,9 +60,10 @@ impl SlotMap {
     }
 
     /// The map a `CLUSTER SLOTS` reply describes: each item is
-    /// `[start, end, [host, port, id, ...], replicas...]`. None when the reply
-    /// has another shape.
-    pub(crate) fn from_cluster_slots(reply: &Value) -> Option<SlotMap> {
+    /// `[start, end, [host, port, id, ...], replicas...]`, each master with
+    /// a batcher of batches of at most `max_batch`. None when the reply has
+    /// another shape.
+    pub(crate) fn from_cluster_slots(reply: &Value, max_batch: usize) -> Option<SlotMap> {
         let Value::Array(ranges) = reply else {
             return None;
         };
@@ -96,6 +100,7 @@ impl SlotMap {
                         addr,
                         down_until: AtomicU64::new(0),
                         failures: AtomicU32::new(0),
+                        batcher: Arc::new(Batcher::new(max_batch)),
                     });
                     map.masters.len() - 1
                 }
@@ -151,6 +156,12 @@ impl Nodes {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// The batcher of `slot`'s master, `None` when no master is known for it.
+    pub(crate) fn batcher(&self, slot: u16) -> Option<Arc<Batcher>> {
+        let map = self.map.load();
+        map.master(slot).map(|master| Arc::clone(&master.batcher))
+    }
+
     /// What `with` answers for the address of `slot`'s master, `None` when
     /// no master is known for it (no allocation: the address is lent).
     pub(crate) fn with_master<R>(&self, slot: u16, with: impl FnOnce(&str) -> R) -> Option<R> {
@@ -173,7 +184,12 @@ impl Nodes {
 
     /// Every master's address.
     pub(crate) fn masters(&self) -> Vec<String> {
-        self.map.load().masters.iter().map(|m| m.addr.clone()).collect()
+        self.map
+            .load()
+            .masters
+            .iter()
+            .map(|m| m.addr.clone())
+            .collect()
     }
 
     /// A node answered `MOVED`: read the map again soon.
@@ -229,12 +245,14 @@ impl Nodes {
     }
 
     /// Takes `fresh` as the map in force. A master in both keeps its down
-    /// mark; a master that serves no slot any more (failed over) is gone
-    /// with its mark, so its slots' new master is asked at once.
-    pub(crate) fn replace(&self, fresh: SlotMap) {
+    /// mark and its batcher (with the checks queued in it); a master that
+    /// serves no slot any more (failed over) is gone with its mark, so its
+    /// slots' new master is asked at once.
+    pub(crate) fn replace(&self, mut fresh: SlotMap) {
         let old = self.map.load();
-        for master in &fresh.masters {
+        for master in &mut fresh.masters {
             if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
+                master.batcher = Arc::clone(&before.batcher);
                 master
                     .down_until
                     .store(before.down_until.load(Ordering::Acquire), Ordering::Release);
@@ -269,11 +287,14 @@ mod tests {
     }
 
     fn three_masters() -> SlotMap {
-        SlotMap::from_cluster_slots(&Value::Array(vec![
-            range(0, 5460, 7000),
-            range(5461, 10922, 7002),
-            range(10923, 16383, 7004),
-        ]))
+        SlotMap::from_cluster_slots(
+            &Value::Array(vec![
+                range(0, 5460, 7000),
+                range(5461, 10922, 7002),
+                range(10923, 16383, 7004),
+            ]),
+            16,
+        )
         .expect("a CLUSTER SLOTS reply")
     }
 
@@ -301,7 +322,7 @@ mod tests {
                 Value::Array(vec![bulk("127.0.0.1")]),
             ])]),
         ] {
-            assert!(SlotMap::from_cluster_slots(&bad).is_none(), "{bad:?}");
+            assert!(SlotMap::from_cluster_slots(&bad, 16).is_none(), "{bad:?}");
         }
     }
 
@@ -387,7 +408,7 @@ mod tests {
             Value::Int(16383),
             Value::Array(vec![bulk("::1"), Value::Int(7000), bulk("id")]),
         ])]);
-        let map = SlotMap::from_cluster_slots(&reply).expect("a CLUSTER SLOTS reply");
+        let map = SlotMap::from_cluster_slots(&reply, 16).expect("a CLUSTER SLOTS reply");
         assert_eq!(map.masters[0].addr, "[::1]:7000");
     }
 
@@ -403,11 +424,14 @@ mod tests {
         assert!(nodes.down(0, 10).is_some(), "the same map keeps the mark");
         // 7000's replica (7001) was promoted; 7002 is still down and serving.
         nodes.replace(
-            SlotMap::from_cluster_slots(&Value::Array(vec![
-                range(0, 5460, 7001),
-                range(5461, 10922, 7002),
-                range(10923, 16383, 7004),
-            ]))
+            SlotMap::from_cluster_slots(
+                &Value::Array(vec![
+                    range(0, 5460, 7001),
+                    range(5461, 10922, 7002),
+                    range(10923, 16383, 7004),
+                ]),
+                16,
+            )
             .expect("a CLUSTER SLOTS reply"),
         );
         assert_eq!(

@@ -113,8 +113,9 @@ struct Inner {
     /// Functions or scripts (`MODE_*`): chosen by the first call on a
     /// connection, chosen again after the connections are dropped or replaced.
     mode: AtomicU8,
-    /// Checks waiting for the call in flight (see `batch.rs`).
-    batcher: Batcher,
+    /// Checks waiting for the call in flight (see `batch.rs`): on one server;
+    /// on a Cluster each master has its own (see [`RedisTier::batcher`]).
+    batcher: Arc<Batcher>,
     /// On a Cluster: which master serves each slot, and which failed lately
     /// (shared with the Cluster connections, which route by it).
     nodes: Arc<Nodes>,
@@ -179,7 +180,7 @@ impl RedisTier {
                 replaced: AtomicU64::new(0),
                 reconcile_loaded: AtomicBool::new(false),
                 mode: AtomicU8::new(MODE_UNKNOWN),
-                batcher: Batcher::new(config.max_batch),
+                batcher: Arc::new(Batcher::new(config.max_batch)),
                 nodes: Arc::new(Nodes::new(NODE_DOWN_FOR)),
                 refreshing: AtomicBool::new(false),
             }),
@@ -308,7 +309,7 @@ impl RedisTier {
         }
         let now = self.now_arg();
         let nonce = fastrand::u64(..);
-        let batcher = &self.inner.batcher;
+        let batcher = self.batcher(key.escaped());
         if !batcher.enabled() {
             return Checked {
                 result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
@@ -327,7 +328,7 @@ impl RedisTier {
         });
         match entry {
             Entry::Send => {
-                let _flight = Flight(self);
+                let _flight = Flight(self, batcher);
                 Checked {
                     result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
                     counts_call: true,
@@ -335,7 +336,7 @@ impl RedisTier {
             }
             Entry::Wait(rx, full) => {
                 if let Some(full) = full {
-                    self.spawn_batch(full);
+                    self.spawn_batch(full, batcher);
                 }
                 match tokio::time::timeout_at(deadline, rx).await {
                     Ok(Ok(checked)) => checked,
@@ -371,19 +372,33 @@ impl RedisTier {
         parse_verdict(reply, set)
     }
 
-    /// Sends `batch` from a task of its own (the call in flight continues
-    /// meanwhile on the same connection).
-    fn spawn_batch(&self, batch: Vec<Queued>) {
+    /// Sends `batch`, drawn from `batcher`'s queue, from a task of its own
+    /// (the call in flight continues meanwhile on the same connection).
+    fn spawn_batch(&self, batch: Vec<Queued>, batcher: Arc<Batcher>) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let tier = self.clone();
                 runtime.spawn(async move {
-                    let _flight = Flight(&tier);
+                    let _flight = Flight(&tier, batcher);
                     tier.send_batch(batch).await;
                 });
             }
-            Err(_) => self.inner.batcher.abandon(),
+            Err(_) => batcher.abandon(),
         }
+    }
+
+    /// The batcher a check of `escaped` queues in: on a Cluster, its slot's
+    /// master's, so a master that is slow to answer holds up only its own
+    /// keys' checks (one queue for all would make every key wait behind the
+    /// calls in flight to it); on one server, or before the slot map is
+    /// read, the tier's.
+    fn batcher(&self, escaped: &str) -> Arc<Batcher> {
+        if self.inner.backend.is_cluster()
+            && let Some(batcher) = self.inner.nodes.batcher(check_slot(escaped))
+        {
+            return batcher;
+        }
+        Arc::clone(&self.inner.batcher)
     }
 
     /// One call for the checks of `batch` whose callers still wait, under the
@@ -1097,11 +1112,14 @@ impl RedisTier {
                             .await
                     })
                     .await;
-                if let Some(map) = reply.ok().as_ref().and_then(SlotMap::from_cluster_slots) {
+                let max_batch = tier.inner.batcher.max();
+                if let Some(map) = reply
+                    .ok()
+                    .and_then(|reply| SlotMap::from_cluster_slots(&reply, max_batch))
+                {
                     tier.inner.nodes.replace(map);
                 }
-                let busy =
-                    |tier: &RedisTier| tier.inner.nodes.any_down(tier.monotonic_us());
+                let busy = |tier: &RedisTier| tier.inner.nodes.any_down(tier.monotonic_us());
                 if !busy(&tier) {
                     tier.inner.refreshing.store(false, Ordering::Release);
                     // A master marked down since the check above finds the
@@ -1378,12 +1396,12 @@ fn install_crypto_provider() {
 
 /// A call of checks in flight: when it ends, however it ends (its future
 /// dropped included), the checks queued meanwhile are sent.
-struct Flight<'a>(&'a RedisTier);
+struct Flight<'a>(&'a RedisTier, Arc<Batcher>);
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        if let Some(next) = self.0.inner.batcher.done() {
-            self.0.spawn_batch(next);
+        if let Some(next) = self.1.done() {
+            self.0.spawn_batch(next, Arc::clone(&self.1));
         }
     }
 }
