@@ -592,3 +592,42 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     );
     cluster.node_mut(victim).resume();
 }
+
+/// TLS to a Cluster (`rediss+cluster://`): the tier reads the slot map over
+/// TLS, and reaches every master over TLS with the same CA (the URL names
+/// only the nodes' TLS ports, which speak nothing else). Without the CA the
+/// nodes' certificates are refused and no check is decided.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_tls_cluster_is_checked_over_tls_on_every_master() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start_tls();
+    let url = cluster.tls_cluster_url();
+    let ca = cluster.tls_ca_pem().expect("a TLS cluster").to_vec();
+    let s = set("tls", [Rule::per_hour(2).expect("valid")]);
+    let keys = one_key_per_master(&cluster, &s, "tls");
+
+    let untrusted = RedisTier::new(RedisTierConfig::new(&url)).expect("valid");
+    let refused = untrusted.check(&keys[0], &s, 1).await;
+    assert!(
+        refused.is_err(),
+        "an unknown CA must be refused: {refused:?}"
+    );
+
+    let tier = RedisTier::new(RedisTierConfig::new(&url).tls_root_certificates(ca)).expect("valid");
+    for key in &keys {
+        for round in 0..3 {
+            let v = tier.check(key, &s, 1).await.expect("checked over TLS");
+            assert_eq!(v.decision.allowed, round < 2, "{key} round {round}");
+        }
+    }
+    // Each key's state is on its own master (read over its plain port).
+    for key in &keys {
+        let storage = storage_key(&s, key, 0);
+        let master = cluster.master_of(&storage);
+        let addr = format!("127.0.0.1:{}", cluster.nodes()[master].port());
+        let exists: u64 =
+            tierlimit_test::query_node(&addr, redis::cmd("EXISTS").arg(&storage)).expect("EXISTS");
+        assert_eq!(exists, 1, "{key}: its state is on its master");
+    }
+}

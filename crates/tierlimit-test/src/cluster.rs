@@ -8,6 +8,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::RedisServer;
+use crate::server::TestCa;
 
 const MASTERS: usize = 3;
 /// How long a node may be unreachable before the others fail it over. Short,
@@ -47,23 +48,50 @@ pub struct ClusterNode {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// For a cluster started by [`start_tls`](RedisCluster::start_tls): its
+    /// CA and each node's TLS port, by node index.
+    tls: Option<(TestCa, Vec<u16>)>,
 }
 
 impl RedisCluster {
     /// Starts six nodes and joins them as 3 masters + 3 replicas; panics with
     /// what went wrong when it cannot.
     pub fn start() -> RedisCluster {
+        RedisCluster::start_as(None)
+    }
+
+    /// [`start`](Self::start), every node also serving TLS clients on a port
+    /// of its own (with a certificate for `127.0.0.1` signed by one CA made
+    /// for the cluster, [`tls_ca_pem`](Self::tls_ca_pem)), and speaking TLS
+    /// on the cluster bus and for replication. The harness keeps using each
+    /// node's plain port; [`tls_cluster_url`](Self::tls_cluster_url) names
+    /// the TLS ones.
+    pub fn start_tls() -> RedisCluster {
+        RedisCluster::start_as(Some(TestCa::new()))
+    }
+
+    fn start_as(ca: Option<TestCa>) -> RedisCluster {
+        let mut tls_ports = Vec::new();
         let nodes: Vec<RedisServer> = (0..MASTERS * 2)
             .map(|_| {
-                let bus = free_bus_port();
-                RedisServer::start_with(&[
+                let bus = free_bus_port().to_string();
+                let mut args: Vec<String> = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
                     NODE_TIMEOUT_MS,
                     "--cluster-port",
-                    &bus.to_string(),
-                ])
+                    &bus,
+                ]
+                .map(String::from)
+                .to_vec();
+                if let Some(ca) = &ca {
+                    let port = free_bus_port();
+                    tls_ports.push(port);
+                    args.extend(ca.cluster_node_args(port));
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                RedisServer::start_with(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -76,7 +104,25 @@ impl RedisCluster {
         if let Err(e) = wait_cluster_ready(&addrs, SERVING_TIMEOUT) {
             panic!("{e}");
         }
-        RedisCluster { nodes }
+        RedisCluster {
+            nodes,
+            tls: ca.map(|ca| (ca, tls_ports)),
+        }
+    }
+
+    /// The `rediss+cluster://` URL of a cluster started by
+    /// [`start_tls`](Self::start_tls), every node's TLS port a seed; panics
+    /// for a cluster without TLS.
+    pub fn tls_cluster_url(&self) -> String {
+        let (_, ports) = self.tls.as_ref().expect("a cluster started by start_tls");
+        let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("rediss+cluster://{}/", seeds.join(","))
+    }
+
+    /// The PEM of the CA that signed the nodes' certificates, for a cluster
+    /// started by [`start_tls`](Self::start_tls).
+    pub fn tls_ca_pem(&self) -> Option<&[u8]> {
+        self.tls.as_ref().map(|(ca, _)| ca.ca_pem())
     }
 
     /// The nodes, by index.
@@ -158,8 +204,12 @@ impl RedisCluster {
         by_master
     }
 
+    /// The node listening on `port`, plain or TLS.
     fn index_of_port(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port)
+        self.nodes.iter().position(|n| n.port() == port).or_else(|| {
+            let (_, tls_ports) = self.tls.as_ref()?;
+            tls_ports.iter().position(|&p| p == port)
+        })
     }
 
     /// The first running, unpaused node; panics when none is.

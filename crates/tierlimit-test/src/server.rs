@@ -41,13 +41,13 @@ pub struct RedisServer {
 /// A CA and a server certificate for 127.0.0.1, made by the `openssl` CLI in a
 /// directory of their own (kept across [`RedisServer::restart`]).
 #[derive(Debug)]
-struct TestCa {
+pub(crate) struct TestCa {
     dir: PathBuf,
     ca_pem: Vec<u8>,
 }
 
 impl TestCa {
-    fn new() -> TestCa {
+    pub(crate) fn new() -> TestCa {
         let dir = fresh_dir();
         let run = |args: &[&str]| {
             let out = Command::new("openssl")
@@ -90,12 +90,14 @@ impl TestCa {
         csr.extend(ec);
         csr.extend(["-out", "server.csr"]);
         run(&csr);
+        // Client use too: a cluster node presents it when it connects to
+        // another node's bus, which always asks for a client certificate.
         fs::write(
             dir.join("server.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
              basicConstraints=critical,CA:FALSE\n\
              keyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=serverAuth\n",
+             extendedKeyUsage=serverAuth,clientAuth\n",
         )
         .expect("cannot write server.ext");
         run(&[
@@ -117,6 +119,21 @@ impl TestCa {
         ]);
         let ca_pem = fs::read(dir.join("ca.crt")).expect("cannot read ca.crt");
         TestCa { dir, ca_pem }
+    }
+
+    /// The CA's certificate, PEM.
+    pub(crate) fn ca_pem(&self) -> &[u8] {
+        &self.ca_pem
+    }
+
+    /// A cluster node's arguments beside its plain port: TLS clients on
+    /// `tls_port`, and TLS on the cluster bus and for replication.
+    pub(crate) fn cluster_node_args(&self, tls_port: u16) -> Vec<String> {
+        let mut args = self.args(tls_port);
+        // Drop `--port 0`: the node keeps its plain port for the harness.
+        args.drain(..2);
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+        args
     }
 
     /// The server's arguments: TLS on `port`, no plain TCP port at all.
