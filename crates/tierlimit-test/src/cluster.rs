@@ -206,10 +206,13 @@ impl RedisCluster {
 
     /// The node listening on `port`, plain or TLS.
     fn index_of_port(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port).or_else(|| {
-            let (_, tls_ports) = self.tls.as_ref()?;
-            tls_ports.iter().position(|&p| p == port)
-        })
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .or_else(|| {
+                let (_, tls_ports) = self.tls.as_ref()?;
+                tls_ports.iter().position(|&p| p == port)
+            })
     }
 
     /// The first running, unpaused node; panics when none is.
