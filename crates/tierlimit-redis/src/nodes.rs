@@ -286,16 +286,21 @@ mod tests {
         ])
     }
 
-    fn three_masters() -> SlotMap {
+    /// Three masters on `ports`, serving the slots in thirds.
+    fn masters_on(ports: [i64; 3]) -> SlotMap {
         SlotMap::from_cluster_slots(
             &Value::Array(vec![
-                range(0, 5460, 7000),
-                range(5461, 10922, 7002),
-                range(10923, 16383, 7004),
+                range(0, 5460, ports[0]),
+                range(5461, 10922, ports[1]),
+                range(10923, 16383, ports[2]),
             ]),
             16,
         )
         .expect("a CLUSTER SLOTS reply")
+    }
+
+    fn three_masters() -> SlotMap {
+        masters_on([7000, 7002, 7004])
     }
 
     #[test]
@@ -423,17 +428,7 @@ mod tests {
         nodes.replace(three_masters());
         assert!(nodes.down(0, 10).is_some(), "the same map keeps the mark");
         // 7000's replica (7001) was promoted; 7002 is still down and serving.
-        nodes.replace(
-            SlotMap::from_cluster_slots(
-                &Value::Array(vec![
-                    range(0, 5460, 7001),
-                    range(5461, 10922, 7002),
-                    range(10923, 16383, 7004),
-                ]),
-                16,
-            )
-            .expect("a CLUSTER SLOTS reply"),
-        );
+        nodes.replace(masters_on([7001, 7002, 7004]));
         assert_eq!(
             nodes.down(0, 10),
             None,
