@@ -1,6 +1,7 @@
 //! The global tier: one script call per check or per batch of concurrent
 //! checks, under a hard deadline.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -336,7 +337,7 @@ impl RedisTier {
             }
             Entry::Wait(rx, full) => {
                 if let Some(full) = full {
-                    self.spawn_batch(full, batcher);
+                    self.spawn_batch(full, batcher.into_owned());
                 }
                 match tokio::time::timeout_at(deadline, rx).await {
                     Ok(Ok(checked)) => checked,
@@ -379,7 +380,7 @@ impl RedisTier {
             Ok(runtime) => {
                 let tier = self.clone();
                 runtime.spawn(async move {
-                    let _flight = Flight(&tier, batcher);
+                    let _flight = Flight(&tier, Cow::Owned(batcher));
                     tier.send_batch(batch).await;
                 });
             }
@@ -392,13 +393,14 @@ impl RedisTier {
     /// keys' checks (one queue for all would make every key wait behind the
     /// calls in flight to it); on one server, or before the slot map is
     /// read, the tier's.
-    fn batcher(&self, escaped: &str) -> Arc<Batcher> {
+    /// Borrowed on one server: no reference count touched per check.
+    fn batcher(&self, escaped: &str) -> Cow<'_, Arc<Batcher>> {
         if self.inner.backend.is_cluster()
             && let Some(batcher) = self.inner.nodes.batcher(check_slot(escaped))
         {
-            return batcher;
+            return Cow::Owned(batcher);
         }
-        Arc::clone(&self.inner.batcher)
+        Cow::Borrowed(&self.inner.batcher)
     }
 
     /// One call for the checks of `batch` whose callers still wait, under the
@@ -1396,7 +1398,7 @@ fn install_crypto_provider() {
 
 /// A call of checks in flight: when it ends, however it ends (its future
 /// dropped included), the checks queued meanwhile are sent.
-struct Flight<'a>(&'a RedisTier, Arc<Batcher>);
+struct Flight<'a>(&'a RedisTier, Cow<'a, Arc<Batcher>>);
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {

@@ -614,7 +614,15 @@ async fn a_tls_cluster_is_checked_over_tls_on_every_master() {
         "an unknown CA must be refused: {refused:?}"
     );
 
-    let tier = RedisTier::new(RedisTierConfig::new(&url).tls_root_certificates(ca)).expect("valid");
+    // What is checked here is TLS, not latency: each node's first call
+    // makes a TLS connection, which a loaded machine may take longer than
+    // the default deadline to set up.
+    let tier = RedisTier::new(
+        RedisTierConfig::new(&url)
+            .tls_root_certificates(ca)
+            .deadline(Duration::from_secs(2)),
+    )
+    .expect("valid");
     for key in &keys {
         for round in 0..3 {
             let v = tier.check(key, &s, 1).await.expect("checked over TLS");
