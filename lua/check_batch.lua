@@ -45,8 +45,7 @@ for s = 1, g do
   local ok, args = pcall(function()
     local list = {}
     for i = 1, rules do
-      local code, limit, period, capacity, offset = rule_args('check', a + 1 + 5 * (i - 1))
-      list[i] = { code, limit, period, capacity, offset }
+      list[i] = rule_args('check', a + 1 + 5 * (i - 1))
     end
     return list
   end)
@@ -58,10 +57,17 @@ for s = 1, g do
   a = a + 1 + 5 * rules
 end
 
+-- Each request names its rule set by one of the texts '1' .. g: looked up
+-- here, so only a request that names none pays for int_arg's checks.
+local set_of = {}
+for s = 1, g do
+  set_of[tostring(s)] = s
+end
 local layout = {}
 local k = 0
 for j = 1, n do
-  local s = int_arg('check batch', 'the rule set of request ' .. j, ARGV[a + 1], 1, g)
+  local s = set_of[ARGV[a + 1]]
+    or int_arg('check batch', 'the rule set of request ' .. j, ARGV[a + 1], 1, g)
   layout[j] = { k, s, a + 1 }
   k = k + sets[s][1]
   a = a + 4

@@ -16,6 +16,9 @@
 --                             a + 5] (code, limit, period_us, capacity,
 --                             utc_offset_us), checked against the same bounds
 --                             Rule enforces in Rust (below), else refuse;
+--                             returned as a table { code, limit, period,
+--                             capacity, offset } the caller must not change
+--                             (it is memoised: see RULES_SEEN);
 --   script_now(arg)           the caller's µs timestamp, or the server's TIME
 --                             when arg is "0";
 --   pexpire_us(key, us)       PEXPIRE rounded up to whole ms, at least 1;
@@ -64,7 +67,7 @@ local function int_arg(script, name, s, min, max)
   return n
 end
 
-local function rule_args(script, a)
+local function checked_rule_args(script, a)
   local code = int_arg(script, 'algorithm code', ARGV[a + 1], 1, 5)
   local limit_max = MAX_LIMIT
   if code == 3 then
@@ -91,7 +94,39 @@ local function rule_args(script, a)
   elseif capacity ~= limit then
     refuse(script, 'capacity must equal the limit for this algorithm')
   end
-  return code, limit, period, capacity, offset
+  return { code, limit, period, capacity, offset }
+end
+
+-- Memos of arguments that passed their checks, by their text: nil in a
+-- script, which would start them empty on every call and so only pay for
+-- them; the Functions library sets them to tables once, when it loads, and
+-- keeps them from call to call, so each rule set's numbers are parsed and
+-- checked once per server, not on every check. Bounded: a full memo starts
+-- over.
+--   RULES_SEEN  a rule's table, by its five arguments joined with spaces (a
+--               passing argument is a non-empty run of digits or a minus and
+--               digits, so no other five strings join to the same text);
+--   COSTS_SEEN  a cost, by its text (decide.lua).
+local RULES_SEEN, RULES_SEEN_N, COSTS_SEEN, COSTS_SEEN_N = nil, 0, nil, 0
+local SEEN_MAX = 512
+
+local function rule_args(script, a)
+  local c, l, p, b, o = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  if RULES_SEEN and type(c) == 'string' and type(l) == 'string' and type(p) == 'string'
+    and type(b) == 'string' and type(o) == 'string' then
+    local joined = c .. ' ' .. l .. ' ' .. p .. ' ' .. b .. ' ' .. o
+    local seen = RULES_SEEN[joined]
+    if seen then
+      return seen
+    end
+    seen = checked_rule_args(script, a)
+    if RULES_SEEN_N >= SEEN_MAX then
+      RULES_SEEN, RULES_SEEN_N = {}, 0
+    end
+    RULES_SEEN[joined], RULES_SEEN_N = seen, RULES_SEEN_N + 1
+    return seen
+  end
+  return checked_rule_args(script, a)
 end
 
 local function script_now(arg)

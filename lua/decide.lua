@@ -58,8 +58,21 @@ end
 
 -- Checks a request's now, cost and nonce; returns the cost.
 local function check_call_args(now_s, cost_s, nonce)
-  int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
-  local cost = int_arg('check', 'cost', cost_s, 1, MAX_LIMIT)
+  -- "0" (the server's TIME) is by far the most common now.
+  if now_s ~= '0' then
+    int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
+  end
+  -- A few distinct costs serve almost every check (common.lua's COSTS_SEEN).
+  local cost = COSTS_SEEN and COSTS_SEEN[cost_s]
+  if not cost then
+    cost = int_arg('check', 'cost', cost_s, 1, MAX_LIMIT)
+    if COSTS_SEEN then
+      if COSTS_SEEN_N >= SEEN_MAX then
+        COSTS_SEEN, COSTS_SEEN_N = {}, 0
+      end
+      COSTS_SEEN[cost_s], COSTS_SEEN_N = cost, COSTS_SEEN_N + 1
+    end
+  end
   if type(nonce) ~= 'string' or #nonce == 0 or #nonce > 64 then
     refuse('check', 'the nonce must be 1 to 64 bytes')
   end
@@ -167,9 +180,9 @@ local function check_one(k0, rules, a0)
   local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
   local args = {}
   for i = 1, rules do
-    local code, limit, period, capacity, offset = rule_args('check', a0 + 3 + 5 * (i - 1))
-    check_capacity(cost, ARGV[a0 + 2], i, capacity)
-    args[i] = { code, limit, period, capacity, offset }
+    local rule = rule_args('check', a0 + 3 + 5 * (i - 1))
+    check_capacity(cost, ARGV[a0 + 2], i, rule[4])
+    args[i] = rule
   end
   return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
 end

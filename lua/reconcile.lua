@@ -63,7 +63,7 @@ if #KEYS ~= 2 or #ARGV ~= 11 then
 end
 -- Every argument is read and checked before the first write.
 int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
-local code, limit, period, capacity, offset = rule_args('reconcile', 1)
+local code, limit, period, capacity, offset = unpack(rule_args('reconcile', 1))
 -- Below 2^53, so units + 1 (the bisection's end) stays exact.
 local units = int_arg('reconcile', 'units', ARGV[7], 1, MAX_EXACT - 1)
 local first = int_arg('reconcile', 'first_us', ARGV[8], 0, MAX_EXACT)

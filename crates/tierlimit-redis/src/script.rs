@@ -343,11 +343,13 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// fragments read `KEYS` and `ARGV` as scripts do, so the library declares
 /// them once as locals every function sets to its own keys and arguments on
 /// entry, and resets decide.lua's `server_now` (read at most once per call).
-/// No function is `no-writes` (every one may write), so none is called with
-/// `FCALL_RO`.
+/// It also turns on common.lua's memos of checked arguments, which only a
+/// library keeps from one call to the next. No function is `no-writes`
+/// (every one may write), so none is called with `FCALL_RO`.
 const LIBRARY_TEMPLATE: &str = concat!(
     "local KEYS, ARGV = {}, {}\n",
     with_algorithms!("../lua/decide.lua"),
+    "\nRULES_SEEN, COSTS_SEEN = {}, {}\n",
     "\nredis.register_function('tierlimit_check_@ID@', function(keys, args)\n",
     "KEYS, ARGV, server_now = keys, args, nil\n",
     include_str!("../lua/check.lua"),

@@ -6,14 +6,23 @@
 //! a write. The scripts are documented as callable by hand, so here they are
 //! called by hand with bad arguments: each call is refused with its own error
 //! reply, and nothing is written (every key's value and TTL as before).
+//!
+//! The check runs two ways: as the script (`EVALSHA`), and as the Functions
+//! library's check function (`FCALL`), whose memos of checked arguments
+//! (common.lua's RULES_SEEN, COSTS_SEEN) already hold the good call's numbers
+//! when the bad ones come: a look-alike of a number seen must still be
+//! refused.
 
 mod support;
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
+use tierlimit_core::Algorithm;
 use tierlimit_redis::{CHECK, RECONCILE};
 use tierlimit_test::RedisServer;
 
-use support::dump;
+use support::{dump, rule, set, tier};
 
 const GCRA_KEY: &str = "tl:{u}:api:g60000000";
 const LOG_KEY: &str = "tl:{u}:api:l60000000";
@@ -29,19 +38,86 @@ fn good_check() -> (Vec<String>, Vec<String>) {
     (keys, args.iter().map(|s| s.to_string()).collect())
 }
 
+/// How a test calls the check: the script, or the library's function (its name).
+#[derive(Clone, Debug)]
+enum Way {
+    Script,
+    Function(String),
+}
+
+impl Way {
+    /// Both ways on `server`: the library loaded by a tier's first check.
+    async fn both(server: &RedisServer) -> [Way; 2] {
+        let probe = set("probe", [rule(Algorithm::Gcra, 1, Duration::from_secs(1))]);
+        tier(&server.url())
+            .check("probe", &probe, 1)
+            .await
+            .expect("a tier's first check loads the library");
+        [Way::Script, Way::Function(check_function(server).await)]
+    }
+}
+
+/// The name of the loaded library's check function (`FUNCTION LIST`).
+async fn check_function(server: &RedisServer) -> String {
+    let list: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut server.conn().await)
+        .await
+        .expect("FUNCTION LIST");
+    fn names(value: &redis::Value, out: &mut Vec<String>) {
+        match value {
+            redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => out.push(s.clone()),
+            redis::Value::Array(items) => items.iter().for_each(|v| names(v, out)),
+            redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+                names(k, out);
+                names(v, out);
+            }),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    names(&list, &mut all);
+    all.into_iter()
+        .find(|n| n.starts_with("tierlimit_check_") && !n.starts_with("tierlimit_check_batch_"))
+        .expect("the library's check function is loaded")
+}
+
+async fn run_check_as(
+    way: &Way,
+    conn: &mut MultiplexedConnection,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<redis::Value> {
+    match way {
+        Way::Script => {
+            let mut invocation = CHECK.prepare_invoke();
+            for k in keys {
+                invocation.key(k);
+            }
+            for a in args {
+                invocation.arg(a);
+            }
+            invocation.invoke_async(conn).await
+        }
+        Way::Function(name) => {
+            redis::cmd("FCALL")
+                .arg(name)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args)
+                .query_async(conn)
+                .await
+        }
+    }
+}
+
 async fn run_check(
     conn: &mut MultiplexedConnection,
     keys: &[String],
     args: &[String],
 ) -> redis::RedisResult<redis::Value> {
-    let mut invocation = CHECK.prepare_invoke();
-    for k in keys {
-        invocation.key(k);
-    }
-    for a in args {
-        invocation.arg(a);
-    }
-    invocation.invoke_async(conn).await
+    run_check_as(&Way::Script, conn, keys, args).await
 }
 
 /// Every key with its serialized value and whether it has a TTL.
@@ -66,23 +142,32 @@ async fn snapshot(conn: &mut MultiplexedConnection) -> Vec<(String, Option<Vec<u
 
 /// Calls the check script with `args` changed at `index` (into ARGV, 0-based)
 /// to `value`, and asserts a refusal naming `expect` that wrote nothing.
-async fn refused(conn: &mut MultiplexedConnection, index: usize, value: &str, expect: &str) {
+async fn refused(
+    way: &Way,
+    conn: &mut MultiplexedConnection,
+    index: usize,
+    value: &str,
+    expect: &str,
+) {
     let (keys, mut args) = good_check();
     args[index] = value.to_string();
     let before = snapshot(conn).await;
-    let err = run_check(conn, &keys, &args)
+    let err = run_check_as(way, conn, &keys, &args)
         .await
-        .expect_err(&format!("ARGV[{}] = {value:?} must be refused", index + 1));
+        .expect_err(&format!(
+            "{way:?}: ARGV[{}] = {value:?} must be refused",
+            index + 1
+        ));
     let shown = err.to_string();
     assert!(
         shown.contains("tierlimit check") && shown.contains(expect),
-        "ARGV[{}] = {value:?}: {shown}",
+        "{way:?}: ARGV[{}] = {value:?}: {shown}",
         index + 1
     );
     assert_eq!(
         snapshot(conn).await,
         before,
-        "ARGV[{}] = {value:?} wrote",
+        "{way:?}: ARGV[{}] = {value:?} wrote",
         index + 1
     );
 }
@@ -91,9 +176,20 @@ async fn refused(conn: &mut MultiplexedConnection, index: usize, value: &str, ex
 async fn bad_numbers_are_refused_before_any_write() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    // Both rules hold state (with TTLs) before the bad calls.
+    for way in &Way::both(&server).await {
+        bad_numbers_are_refused(&server, &mut conn, way).await;
+    }
+}
+
+async fn bad_numbers_are_refused(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    way: &Way,
+) {
+    // Both rules hold state (with TTLs) before the bad calls, and the
+    // library's memos hold the good call's numbers.
     let (keys, args) = good_check();
-    run_check(&mut conn, &keys, &args)
+    run_check_as(way, conn, &keys, &args)
         .await
         .expect("a good call");
     assert_eq!(server.keys_without_ttl().await, Vec::<String>::new());
@@ -111,13 +207,13 @@ async fn bad_numbers_are_refused_before_any_write() {
         " 1",
         "99999999999999999999",
     ] {
-        refused(&mut conn, 1, cost, "cost").await;
+        refused(way, conn, 1, cost, "cost").await;
     }
-    refused(&mut conn, 1, "11", "above the capacity").await;
+    refused(way, conn, 1, "11", "above the capacity").await;
     for now in ["-5", "abc", "1.7e15"] {
-        refused(&mut conn, 0, now, "now_us").await;
+        refused(way, conn, 0, now, "now_us").await;
     }
-    refused(&mut conn, 2, "", "nonce").await;
+    refused(way, conn, 2, "", "nonce").await;
     // The second rule's period: huge (PEXPIRE used to fail after rule 1 was
     // written), fractional, below a millisecond.
     for period in [
@@ -127,20 +223,46 @@ async fn bad_numbers_are_refused_before_any_write() {
         "999",
         "-60000000",
     ] {
-        refused(&mut conn, 10, period, "period_us").await;
+        refused(way, conn, 10, period, "period_us").await;
     }
     // Algorithm codes, limits, capacities, offsets.
-    refused(&mut conn, 8, "6", "algorithm code").await;
-    refused(&mut conn, 8, "0", "algorithm code").await;
-    refused(&mut conn, 9, "1001", "limit").await; // a sliding log's bound
-    refused(&mut conn, 4, "2251799813685249", "limit").await; // 2^51 + 1
-    refused(&mut conn, 4, "-10", "limit").await;
-    refused(&mut conn, 11, "9", "capacity").await; // a window's capacity is its limit
-    refused(&mut conn, 6, "4503599627370496", "capacity").await; // above 2^51
-    refused(&mut conn, 12, "3600000000", "utc_offset_us").await; // only fixed windows
-    refused(&mut conn, 7, "1", "utc_offset_us").await;
+    refused(way, conn, 8, "6", "algorithm code").await;
+    refused(way, conn, 8, "0", "algorithm code").await;
+    refused(way, conn, 9, "1001", "limit").await; // a sliding log's bound
+    refused(way, conn, 4, "2251799813685249", "limit").await; // 2^51 + 1
+    refused(way, conn, 4, "-10", "limit").await;
+    refused(way, conn, 11, "9", "capacity").await; // a window's capacity is its limit
+    refused(way, conn, 6, "4503599627370496", "capacity").await; // above 2^51
+    refused(way, conn, 12, "3600000000", "utc_offset_us").await; // only fixed windows
+    refused(way, conn, 7, "1", "utc_offset_us").await;
     // GCRA finer than one unit per µs.
-    refused(&mut conn, 4, "60000001", "at most period_us").await;
+    refused(way, conn, 4, "60000001", "at most period_us").await;
+    // Look-alikes of the good call's numbers (which the library's memos hold):
+    // each refused, none read as the number it resembles.
+    for limit in ["10 ", " 10", "0xa", "1e1", "10.0", "+10"] {
+        refused(way, conn, 4, limit, "limit").await;
+    }
+    refused(way, conn, 1, "1 ", "cost").await;
+    refused(way, conn, 1, "+1", "cost").await;
+    // Two arguments run together, the next one empty: the same text joined.
+    let mut split = good_check().1;
+    split[4] = "10 60000000".into();
+    split[5] = "10".into();
+    split[6] = "0".into();
+    split[7] = String::new();
+    let before = snapshot(conn).await;
+    let err = run_check_as(way, conn, &good_check().0, &split)
+        .await
+        .expect_err("arguments run together are refused");
+    assert!(
+        err.to_string().contains("tierlimit check"),
+        "{way:?}: {err}"
+    );
+    assert_eq!(
+        snapshot(conn).await,
+        before,
+        "{way:?}: arguments run together wrote"
+    );
 }
 
 #[tokio::test]
@@ -274,4 +396,48 @@ async fn reconcile_refuses_bad_input_before_any_write() {
         before,
         "no state and no marker written"
     );
+}
+
+/// The library's memo of checked rules is bounded: past 512 rules it starts
+/// over, and every rule, remembered, forgotten or new, still decides by its
+/// own numbers (here, a limit of n admits n and denies the next).
+#[tokio::test]
+async fn the_librarys_memo_of_rules_starts_over_and_still_decides_each_rule() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let [_, function] = Way::both(&server).await;
+    // A day, so no key expires while the test runs.
+    const DAY_US: u64 = 86_400_000_000;
+    let check = |limit: u64, key: String| {
+        let args: Vec<String> = ["0", "1", "7", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([limit, DAY_US, limit, 0].map(|n| n.to_string()))
+            .collect();
+        (vec![key], args)
+    };
+    // 1,200 distinct rules: the memo fills and starts over twice. Each
+    // rule's key takes its limit, then is denied.
+    for round in 0..2 {
+        for limit in (1..=1_200u64).step_by(if round == 0 { 1 } else { 97 }) {
+            let key = format!("tl:{{m{round}-{limit}}}:s:g{DAY_US}");
+            let (keys, args) = check(limit, key);
+            let reply: Vec<i64> = {
+                let v = run_check_as(&function, &mut conn, &keys, &args)
+                    .await
+                    .expect("a good call");
+                redis::from_redis_value(v).expect("an integer reply")
+            };
+            assert_eq!(reply[0], 1, "limit {limit}: the first unit is admitted");
+            assert_eq!(reply[4], limit as i64 - 1, "limit {limit}: remaining");
+        }
+    }
+    // Bad numbers are still refused after the memo started over.
+    let () = redis::cmd("FLUSHDB")
+        .query_async(&mut conn)
+        .await
+        .expect("FLUSHDB");
+    for (index, value, expect) in [(4, "0x10", "limit"), (1, "1.0", "cost")] {
+        refused(&function, &mut conn, index, value, expect).await;
+    }
 }
