@@ -246,52 +246,47 @@ fn main() {
     }
     // The same single check and minimal script as Redis Functions (FCALL):
     // loaded once, so a call runs only the registered function, not the
-    // definitions of the whole file. Told apart in the slow log by name.
-    // A second library has the check without its argument checks (the
-    // batch rows' first cut), to say what they cost a function call.
-    let lean_common = edit(
-        COMMON,
+    // definitions of the whole file. The check is the shipped library
+    // (`library_source`, memos of checked arguments included), called as the
+    // tier calls it; a copy of it, renamed, has its argument checks cut (the
+    // batch rows' first cut), to say what they still cost a function call.
+    // Told apart in the slow log by name.
+    let shipped = tierlimit_redis::library_source();
+    let id = shipped
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name=tierlimit_"))
+        .expect("the library's first line names it");
+    let lean = edit(
+        shipped,
         "local function int_arg(script, name, s, min, max)\n",
         "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
+    )
+    .replace(id, "lean");
+    let minimal = format!(
+        "#!lua name=parts\nredis.register_function('parts_minimal', function(keys, args)\n\
+         local KEYS, ARGV = keys, args\n{MINIMAL_ONE}\nend)\n"
     );
-    for (library_name, common, function) in [
-        ("parts", COMMON, "parts_check"),
-        ("parts_lean", lean_common.as_str(), "parts_check_lean"),
-    ] {
-        let mut library =
-            format!("#!lua name={library_name}\nlocal KEYS, ARGV = {{}}, {{}}\n{common}");
-        for alg in ALGORITHMS {
-            library.push_str(alg);
-        }
-        library.push_str(DECIDE);
-        library.push_str(&format!(
-            "\nredis.register_function('{function}', function(keys, args)\n\
-             KEYS, ARGV, server_now = keys, args, nil\n"
-        ));
-        library.push_str(CHECK_MAIN);
-        library.push_str("\nend)\n");
-        if library_name == "parts" {
-            library.push_str(
-                "redis.register_function('parts_minimal', function(keys, args)\n\
-                 KEYS, ARGV = keys, args\n",
-            );
-            library.push_str(MINIMAL_ONE);
-            library.push_str("\nend)\n");
-        }
+    for library in [shipped, &lean, &minimal] {
         let _: String = redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg(&library)
+            .arg("REPLACE")
+            .arg(library)
             .query(&mut conn)
             .expect("FUNCTION LOAD");
     }
+    let (check_fn, batch_fn) = (
+        format!("tierlimit_check_{id}"),
+        format!("tierlimit_check_batch_{id}"),
+    );
     for (name, function) in [
         (
             "shipped check as a function (FCALL), 1 check per call",
-            "parts_check",
+            check_fn.as_str(),
         ),
         (
             "- argument checks (int_arg = tonumber), as a function",
-            "parts_check_lean",
+            "tierlimit_check_lean",
         ),
         (
             "minimal GCRA as a function (FCALL), 1 check per call",
@@ -301,6 +296,13 @@ fn main() {
         variants.push((name, String::new()));
         shas.push((function.to_string(), 1.0));
     }
+    // The shipped batch as the tier sends it on Redis 7, in the batch phase.
+    let batch_function = variants.len();
+    variants.push((
+        "shipped batch as a function (FCALL), per check of a batch",
+        String::new(),
+    ));
+    shas.push((batch_fn, BATCH as f64));
     // Every command goes to the slow log with its own server time.
     for (k, v) in [
         ("slowlog-log-slower-than", "0"),
@@ -323,7 +325,8 @@ fn main() {
         // Variants interleaved call by call, so noise from the machine falls
         // on all of them alike.
         for _ in 0..CALLS {
-            for (v, (sha, _)) in shas.iter().enumerate().skip(batch_variants) {
+            let singles = shas.iter().enumerate().take(batch_function);
+            for (v, (sha, _)) in singles.skip(batch_variants) {
                 serial += 1;
                 let mut cmd = redis::cmd(if v < scripts { "EVALSHA" } else { "FCALL" });
                 cmd.arg(sha).arg(1);
@@ -337,8 +340,13 @@ fn main() {
         // The batches in a phase of their own: a small call right after a
         // batch would pay for collecting the batch's garbage.
         for _ in 0..CALLS {
-            for (v, (sha, _)) in shas[..batch_variants].iter().enumerate() {
-                let mut cmd = redis::cmd("EVALSHA");
+            let batches = shas[..batch_variants].iter().enumerate();
+            for (v, (sha, _)) in batches.chain([(batch_function, &shas[batch_function])]) {
+                let mut cmd = redis::cmd(if v < batch_variants {
+                    "EVALSHA"
+                } else {
+                    "FCALL"
+                });
                 cmd.arg(sha).arg(BATCH);
                 for _ in 0..BATCH {
                     serial += 1;
@@ -350,7 +358,7 @@ fn main() {
                     cmd.arg(1).arg("0").arg(1).arg(j);
                 }
                 let reply: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
-                if v == 0 {
+                if v == 0 || v == batch_function {
                     assert!(
                         matches!(&reply, redis::Value::Array(r) if r.len() == BATCH),
                         "the shipped script answers every check: {reply:?}"
@@ -363,7 +371,7 @@ fn main() {
     }
     let mut md = String::from("## Where a check's server time goes\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The next three rows are one check per call: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments; the last three the same check (whole, then without its argument checks) and minimal script as Redis Functions (`FCALL` of a library loaded once, as the tier runs them on Redis 7). The one-check rows are interleaved call by call among themselves, in each round before the batch rows (interleaved among themselves): a small call right after a batch would pay for collecting the batch's garbage.\n\n"
+        "`cargo run --release -p tierlimit-benches --bin script-parts`: {rounds} rounds × {CALLS} calls × {BATCH} GCRA checks per variant, variants interleaved call by call; server µs per check (each call's duration in `SLOWLOG` ÷ checks), median and 10th–90th percentile over the calls. Each row removes one more part from the row above (the edit is in `benches/src/bin/script-parts.rs`); \"µs saved\" is the row above's median minus this row's: what the part this row removes costs (for the minimal loop: everything of tierlimit's decision the cuts above left; for the loop alone: the GET and SET; for `return 1`: the loop and the reply; `return 1` itself is the call's fixed cost ÷ 100). Rows from the minimal loop down are floors, not tierlimit's decision. The next three rows are one check per call: the single check script (`lua/check.lua`), a minimal GCRA script, and `return 1` with its arguments; then the same check (whole, then without its argument checks) and minimal script as Redis Functions (`FCALL` of a library loaded once: the check is the shipped library, `tierlimit_redis::library_source()`, as the tier runs it on Redis 7, its memos of checked arguments warm); last, the shipped batch as a function, per check of a batch of {BATCH} (timed in the batch phase): what a check costs the server when the tier batches. The one-check rows are interleaved call by call among themselves, in each round before the batch rows (interleaved among themselves): a small call right after a batch would pay for collecting the batch's garbage.\n\n"
     ));
     md.push_str("| variant (cumulative) | µs per check (p10–p90) | µs saved |\n");
     md.push_str("|---|---:|---:|\n");
@@ -374,7 +382,7 @@ fn main() {
         let lo = sorted[sorted.len() / 10];
         let hi = sorted[sorted.len() * 9 / 10];
         let part = match v.checked_sub(1) {
-            Some(before) if v != batch_variants && v != scripts => {
+            Some(before) if v != batch_variants && v != scripts && v != batch_function => {
                 format!("{:.2}", meds[before] - meds[v])
             }
             _ => "–".to_string(),
@@ -386,14 +394,21 @@ fn main() {
     }
     let (check, minimal) = (meds[batch_variants], meds[batch_variants + 1]);
     let (fcall, fcall_minimal) = (meds[scripts], meds[scripts + 2]);
+    let minimal_loop = variants
+        .iter()
+        .position(|(name, _)| name.starts_with("minimal GCRA loop"))
+        .expect("the minimal loop is a variant");
     md.push_str(&format!(
         "\nOne check per call, medians: the check as a function ÷ as a script {:.2}; \
          as a function ÷ the minimal GCRA script {:.2}; ÷ the minimal GCRA function {:.2} \
-         (as a script: ÷ the minimal script {:.2}).\n",
+         (as a script: ÷ the minimal script {:.2}). In a batch, as a function, per check \
+         ÷ the minimal GCRA script (one check per call) {:.2}; ÷ the minimal loop {:.2}.\n",
         fcall / check,
         fcall / minimal,
         fcall / fcall_minimal,
         check / minimal,
+        meds[batch_function] / minimal,
+        meds[batch_function] / meds[minimal_loop],
     ));
     print!("{md}");
     let dir = std::env::var_os("TIERLIMIT_BENCH_OUT")

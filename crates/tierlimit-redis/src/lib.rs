@@ -101,7 +101,7 @@ pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,
-    ScriptMode, TOKEN_BUCKET,
+    ScriptMode, TOKEN_BUCKET, library_source,
 };
 pub use tier::RedisTier;
 pub use tierlimit_core::RuleState;

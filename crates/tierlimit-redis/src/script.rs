@@ -336,6 +336,33 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     Library { source, functions }
 });
 
+/// The Functions library a tier loads (`FUNCTION LOAD`) and calls by `FCALL`
+/// on Redis 7: the check, batch, heartbeat and reconcile code of `lua/`,
+/// defined once per server. Its first line names it `tierlimit_<id>` and its
+/// functions are `tierlimit_check_<id>`, `tierlimit_check_batch_<id>`,
+/// `tierlimit_heartbeat_<id>` and `tierlimit_reconcile_<id>`, where `<id>`
+/// is drawn from the hash of its code, so each version of tierlimit finds
+/// its own.
+///
+/// A tier loads it by itself when the first call finds it missing. Load it
+/// by hand for users the ACL lets run `FCALL` but not `FUNCTION LOAD`: an
+/// administrator's `FUNCTION LOAD` of this source serves them (without it,
+/// such a user's tier runs the same code by `EVALSHA`). Unlike the scripts,
+/// the library keeps a bounded memo of the rule arguments and costs it has
+/// checked, so a rule set's numbers are checked once per server rather than
+/// on every check.
+///
+/// # Examples
+///
+/// ```
+/// let source = tierlimit_redis::library_source();
+/// assert!(source.starts_with("#!lua name=tierlimit_"));
+/// assert!(source.contains("redis.register_function('tierlimit_check_"));
+/// ```
+pub fn library_source() -> &'static str {
+    &LIBRARY.source
+}
+
 /// The library, its names still to be filled in (`@ID@`).
 ///
 /// The fragments (algorithms, decision) are defined once, when the library
