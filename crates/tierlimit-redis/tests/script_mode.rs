@@ -150,6 +150,25 @@ async fn a_user_who_may_not_load_uses_a_library_already_loaded() {
     assert_eq!(server.command_calls("evalsha").await, 0);
 }
 
+/// The same user, on a server where an administrator loaded the library by
+/// hand (`FUNCTION LOAD` of `library_source()`, as its docs say): it uses it.
+#[tokio::test]
+async fn a_library_an_administrator_loaded_by_hand_serves_a_user_who_may_not_load() {
+    let server = RedisServer::start();
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(tierlimit_redis::library_source())
+        .query_async(&mut server.conn().await)
+        .await
+        .expect("the library loads by hand");
+    assert!(name.starts_with("tierlimit_"), "{name}");
+    let tier = tier(&user_without(&server, "caller", &["function"]).await);
+    decides_a_limit_of_three(&tier, "caller").await;
+    assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
+    assert_eq!(server.command_calls("evalsha").await, 0);
+    assert_eq!(libraries(&server).await, 1, "no second library was loaded");
+}
+
 /// Dropping the connections makes the next call choose again (a server may
 /// have been upgraded, or the user's rights changed).
 #[tokio::test]
