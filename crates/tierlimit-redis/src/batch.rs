@@ -19,13 +19,13 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use tierlimit_core::{Result, RuleSet, escape_key, validate_key};
+use tierlimit_core::{Result, RuleSet, validate_and_escape_key};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::Verdict;
 
-/// A user key validated ([`validate_key`]) and escaped ([`escape_key`]) once,
+/// A user key validated ([`validate_key`](tierlimit_core::validate_key)) and escaped ([`escape_key`](tierlimit_core::escape_key)) once,
 /// for every tier of one check: see [`RedisTier::check_key`](crate::RedisTier::check_key).
 ///
 /// # Examples
@@ -44,11 +44,11 @@ pub struct CheckKey<'a> {
 }
 
 impl<'a> CheckKey<'a> {
-    /// Validates `key` and escapes it; the error is [`validate_key`]'s.
+    /// Validates `key` and escapes it, in one pass over the key
+    /// ([`validate_and_escape_key`]); the error is [`validate_key`](tierlimit_core::validate_key)'s.
     pub fn new(key: &'a str) -> Result<CheckKey<'a>> {
-        validate_key(key)?;
         Ok(CheckKey {
-            escaped: escape_key(key),
+            escaped: validate_and_escape_key(key)?,
         })
     }
 
@@ -296,7 +296,8 @@ mod tests {
                 None,
             ))
         };
-        let bad = || Err(validate_key("bad\nkey").expect_err("a control character"));
+        let bad =
+            || Err(tierlimit_core::validate_key("bad\nkey").expect_err("a control character"));
         assert_eq!(reporter(&[fault(), fault()]), 0);
         assert_eq!(reporter(&[bad(), fault()]), 1);
         assert_eq!(reporter(&[bad(), bad()]), 0);
