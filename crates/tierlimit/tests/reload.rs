@@ -103,14 +103,29 @@ async fn a_reload_under_load_loses_no_check_and_counts_none_twice() {
     .await;
     let done = Arc::new(AtomicBool::new(false));
     let reloads = Arc::new(AtomicU64::new(0));
+    // Checks decided so far: the reloads follow the load's progress, not the
+    // clock, so a fast machine sees as many of them during the load as a
+    // slow one (one every RELOAD_EVERY decisions).
+    let progress = Arc::new(AtomicU64::new(0));
+    const RELOAD_EVERY: u64 = 100;
 
     // Reloads flip the limit between 300 and 600 while the checks run.
     let reloader = {
-        let (limiter, done, reloads) = (limiter.clone(), done.clone(), reloads.clone());
+        let (limiter, done, reloads, progress) = (
+            limiter.clone(),
+            done.clone(),
+            reloads.clone(),
+            progress.clone(),
+        );
         tokio::spawn(async move {
             let mut high = true;
             let mut reports = Vec::new();
+            let mut next = 0;
             while !done.load(Ordering::Relaxed) {
+                if progress.load(Ordering::Relaxed) < next {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
                 let limit = if high { 600 } else { 300 };
                 let report = limiter
                     .replace_rule_sets([daily(limit, Policy::FailClosed)])
@@ -118,7 +133,7 @@ async fn a_reload_under_load_loses_no_check_and_counts_none_twice() {
                 reports.push(report.changed);
                 reloads.fetch_add(1, Ordering::Relaxed);
                 high = !high;
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                next += RELOAD_EVERY;
             }
             reports
         })
@@ -129,12 +144,13 @@ async fn a_reload_under_load_loses_no_check_and_counts_none_twice() {
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
-            let limiter = limiter.clone();
+            let (limiter, progress) = (limiter.clone(), progress.clone());
             tokio::spawn(async move {
                 let mut seen = Vec::with_capacity(2);
                 for i in 0..2 {
                     let k = (t + i) % KEYS;
                     let d = limiter.check_by_name("api", &format!("k{k}"), 1).await;
+                    progress.fetch_add(1, Ordering::Relaxed);
                     seen.push((k, d));
                 }
                 seen
