@@ -207,6 +207,18 @@ impl Harness {
             .skip(1)
             .filter(|a| !a.starts_with('-'))
             .collect();
+        Harness::with(bench, quick, filters)
+    }
+
+    /// The harness of a bench binary (`cargo run --bin`, where there is no
+    /// `--bench` flag): quick mode when `quick` (the binary's `--quick`),
+    /// else it truncates `<out>/<bench>.jsonl` as
+    /// [`from_args`](Self::from_args) does; every case runs (no filters).
+    pub fn for_binary(bench: &str, quick: bool) -> Harness {
+        Harness::with(bench, quick, Vec::new())
+    }
+
+    fn with(bench: &str, quick: bool, filters: Vec<String>) -> Harness {
         let out = (!quick).then(|| {
             let dir = std::env::var_os("TIERLIMIT_BENCH_OUT")
                 .map(PathBuf::from)
@@ -221,7 +233,7 @@ impl Harness {
             (path, BufWriter::new(file))
         });
         if quick {
-            eprintln!("{bench}: quick mode (no --bench): tiny samples, nothing written");
+            eprintln!("{bench}: quick mode: tiny samples, nothing written");
         }
         Harness {
             bench: bench.into(),
