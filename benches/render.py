@@ -61,6 +61,14 @@ LOAD_NOTES = [
 ]
 
 
+def load_optional(results_dir, bench):
+    """The records of a bench that may not have run; None when it did not."""
+    path = Path(results_dir) / f"{bench}.jsonl"
+    if not path.exists():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def load(results_dir):
     records = {b: [] for b in BENCHES}
     for bench in BENCHES:
@@ -217,6 +225,78 @@ def script_table(rows):
     return out
 
 
+def peer_section(rows):
+    """The section of benches/src/bin/peer-scripts.rs: tierlimit's check by
+    FCALL against each algorithm's peer script by EVALSHA."""
+    out = [
+        "## Server µs per check against peers' scripts",
+        "",
+        "`cargo run --release -p tierlimit-benches --bin peer-scripts`"
+        " ([`benches/src/bin/peer-scripts.rs`](benches/src/bin/peer-scripts.rs)),"
+        " with `TIERLIMIT_PEER_SCRIPTS` naming a directory that holds the peers'"
+        " scripts (not in this repository; `benches/peer-scripts.sh DIR` fetches"
+        " them from the commits listed below). One private `redis-server`;"
+        " `redis-benchmark -c 50 -r 10000 -P 1|16` sends tierlimit's check as"
+        " `FCALL` of its Functions library (one check per call, as"
+        " `RedisTier::check` sends it) and the peer's script as `EVALSHA` with the"
+        " peer's own keys and arguments, alternately, on fresh random keys, all"
+        " admitted; the rule is 1,000 per second (burst 1,000) in both. µs per"
+        " call is the server's `usec ÷ calls` of `fcall` or `evalsha` in `INFO"
+        " commandstats` after `CONFIG RESETSTAT`. Target of issue 11: tierlimit ÷"
+        " peer ≤ 1.0 for each algorithm (the median of the per-pair ratios).",
+        "",
+    ]
+    if rows is None:
+        return out + ["Not run: `peer_scripts.jsonl` is missing.", ""]
+    out += [
+        "| algorithm | peer script | P | peer µs/call (min–max) | tierlimit µs/call (min–max) | tierlimit ÷ peer (min–max) | pairs | target ≤ 1.0 |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    rng = lambda d: f"{d['median']:.2f} ({d['min']:.2f}–{d['max']:.2f})"
+    sources = []
+    met = total = 0
+    by_alg = {}
+    for r in rows:
+        if r.get("kind") != "peer_script":
+            continue
+        peer = r["peer"]
+        if peer not in sources:
+            sources.append(peer)
+        if not r["measured"]:
+            out.append(
+                f"| `{r['algorithm']}` | {peer['name']} | – | – | – | – | – | not measured: {r['reason']} |"
+            )
+            continue
+        total += 1
+        ok = r["ratio"]["median"] <= r["target_max"]
+        met += ok
+        by_alg.setdefault(r["algorithm"], []).append(ok)
+        verdict = "met" if ok else f"**MISSED**: {r['ratio']['median']:.2f} > {r['target_max']:.1f}"
+        out.append(
+            f"| `{r['algorithm']}` | {peer['name']} | {r['pipeline']} | {rng(r['peer_usec_per_call'])}"
+            f" | {rng(r['tierlimit_usec_per_call'])} | **{rng(r['ratio'])}** | {r['pairs']} | {verdict} |"
+        )
+    if total:
+        verdicts = []
+        for alg in by_alg:
+            ok = all(by_alg[alg])
+            verdicts.append(f"`{alg}` {'met' if ok else '**MISSED**'}")
+        out += [
+            "",
+            f"{met} of {total} measured rows meet the target. Per algorithm (met when every"
+            f" pipeline depth meets it): {', '.join(verdicts)}.",
+        ]
+    else:
+        out += ["", "No algorithm measured: the peers' scripts were not given (see above)."]
+    out += ["", "The peers' scripts:", ""]
+    for peer in sources:
+        out.append(
+            f"* `{peer['file']}`: {peer['repo']} {peer['version']}, `{peer['path']}`,"
+            f" commit `{peer['commit']}`"
+        )
+    return out + [""]
+
+
 def missed_why(r, allocs):
     """What the numbers say about a missed target: the extra time, and for the
     local path the allocations per check against governor's."""
@@ -369,6 +449,7 @@ def main():
         *floor_line(records["script_cost"]),
         *script_table([r for r in records["script_cost"] if r["kind"] == "script_cost"]),
         "",
+        *peer_section(load_optional(args.results_dir, "peer_scripts")),
         "## Raw medians",
         "",
         "Nanoseconds per operation of each side over the pairs, and every per-pair"

@@ -4,6 +4,7 @@
 # and write JSON lines under the target dir), then renders the report.
 #
 #   benches/run.sh
+#   TIERLIMIT_PEER_SCRIPTS=/path/to/peer-scripts benches/run.sh   # with the peers' scripts
 #
 # CARGO_TARGET_DIR is honoured; the results land in $CARGO_TARGET_DIR/tierlimit-benches
 # (default target/tierlimit-benches).
@@ -28,7 +29,7 @@ echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknow
 
 # Build first, so the bench time below is the benches' alone.
 cargo bench -p tierlimit-benches --no-run
-cargo build --release -p tierlimit-benches --bin redis-load --bin script-parts
+cargo build --release -p tierlimit-benches --bin redis-load --bin script-parts --bin peer-scripts
 
 commands=()
 start=$(date +%s)
@@ -43,6 +44,13 @@ cmd="cargo run --release -p tierlimit-benches --bin script-parts"
 commands+=("$cmd")
 echo "=== $cmd" >&2
 $cmd >/dev/null
+# Server time per check against the peers' scripts, read from
+# $TIERLIMIT_PEER_SCRIPTS (benches/peer-scripts.sh DIR fetches them); without
+# them it records "not measured" and exits 0.
+cmd="cargo run --release -p tierlimit-benches --bin peer-scripts"
+commands+=("${TIERLIMIT_PEER_SCRIPTS:+TIERLIMIT_PEER_SCRIPTS=$TIERLIMIT_PEER_SCRIPTS }$cmd")
+echo "=== $cmd" >&2
+$cmd
 # The load bench (writes redis_load.md and benches/redis-load-sweep.svg).
 cmd="cargo run --release -p tierlimit-benches --bin redis-load"
 commands+=("$cmd")

@@ -844,7 +844,7 @@ fn report(samples: &[Sample], plan: Plan, pinned: bool, seconds: u64) -> String 
         server <= 1.0,
     );
     md.push_str(
-        "| server µs per check ÷ best peer script of each algorithm | – | ≤ 1.0 each | not measured (peer scripts not in this bench) |\n\n",
+        "| server µs per check ÷ best peer script of each algorithm | – | ≤ 1.0 each | see \"Server µs per check against peers' scripts\" (`peer-scripts`) |\n\n",
     );
 
     md.push_str("### Sweep\n\n");

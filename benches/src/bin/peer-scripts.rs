@@ -1,0 +1,644 @@
+//! Server time per check of tierlimit's check, run from its Redis Functions
+//! library (`FCALL`, one check per call), against the peer script of the same
+//! algorithm that issue 11 names (`EVALSHA`, sent as its own project sends
+//! it), both driven by `redis-benchmark` against one private `redis-server`:
+//! the target "server µs per check ÷ the best peer script of the same
+//! algorithm ≤ 1.0 each".
+//!
+//! ```sh
+//! benches/peer-scripts.sh /work/peer-scripts     # once: fetch the peers' scripts
+//! TIERLIMIT_PEER_SCRIPTS=/work/peer-scripts \
+//!     cargo run --release -p tierlimit-benches --bin peer-scripts            # 7 pairs
+//! TIERLIMIT_PEER_SCRIPTS=/work/peer-scripts \
+//!     cargo run --release -p tierlimit-benches --bin peer-scripts -- --quick # writes nothing
+//! ```
+//!
+//! # The peers' scripts
+//!
+//! They are other projects' code, so they are not in this repository: the
+//! bench reads them at run time from the directory `$TIERLIMIT_PEER_SCRIPTS`,
+//! one file each, named as below. `benches/peer-scripts.sh DIR` fetches them
+//! from these commits (cutting the three that live inside a source file out
+//! of it, as the string's value):
+//!
+//! | file | algorithm | project | path | commit |
+//! |---|---|---|---|---|
+//! | `redis_rate_gcra.lua` | GCRA | `go-redis/redis_rate` v10 | `lua.go`, the raw string of `var allowN` | `8eadf45ee4d9d7a53189c2a968ead40521a76322` |
+//! | `scg_token_bucket.lua` | token bucket | `spring-cloud/spring-cloud-gateway` | `spring-cloud-gateway-server-webflux/src/main/resources/META-INF/scripts/request_rate_limiter.lua` (whole file) | `5227205c743d6d2b743bedf2f58cc76c65ca7408` |
+//! | `upstash_sliding_window.lua` | sliding window counter | `upstash/ratelimit-js` 1.1.2 | `src/lua-scripts/single.ts`, the template literal `slidingWindowLimitScript` | `5b5448a5f0bae809cd624a7c639771a8b2e227cb` |
+//! | `rlflexible_fixed_window.lua` | fixed window | `animir/node-rate-limiter-flexible` 11.1.0 | `lib/RateLimiterRedis.js`, the template literal `incrTtlLuaScript` (its `\`-continued lines joined, as JavaScript does) | `3c9c826248cd470960740c89e25a1277dc98fbf4` |
+//!
+//! When the variable is unset, or a file is missing or refused by the server,
+//! that algorithm is reported `not measured: <reason>` (on stdout and in the
+//! JSON) and the bench still exits 0, so `benches/run.sh` runs without them.
+//!
+//! # What is measured
+//!
+//! One rule per algorithm: 1,000 per second (burst 1,000 for GCRA and the
+//! token bucket), which every peer can say natively (`redis_rate.PerSecond(1000)`;
+//! Spring Cloud Gateway's `replenishRate = burstCapacity = 1000`; upstash's
+//! `slidingWindow(1000, "1 s")`; rate-limiter-flexible's `points: 1000,
+//! duration: 1`). Each peer's call carries its project's own keys and
+//! arguments (see [`Peer::args`]): its key prefix, its argument order, the
+//! server's clock where the project uses it and the client's where it sends
+//! one (upstash: `now` in ms, read once per sample). tierlimit's side is
+//! `FCALL tierlimit_check_<id> 1 tl:{<key>}:peer:<rule> 0 1 42 <rule's five
+//! numbers>`, exactly what `RedisTier::check` sends for one check in
+//! Functions mode, with the library loaded by a `RedisTier`.
+//!
+//! A sample is `redis-benchmark -c 50 -r 10000 -P 1|16` of one side: 30,000
+//! (P1) or 100,000 (P16) calls on random user keys `s<sample>:<12 digits>`
+//! from a space of 10,000, fresh for every sample (every key lives at most
+//! 3 s). All are admitted: the busiest key sees well under 1,000 calls per
+//! second, and after each sample one more call on one of its keys must be
+//! admitted. Server time is `usec ÷ calls` of the side's command (`evalsha`
+//! or `fcall`) in `INFO commandstats`, after `CONFIG RESETSTAT`; a sample
+//! with a failed or rejected call stops the bench. Each pair is tierlimit,
+//! then the peer, on the same server; pairs go round all algorithms and both
+//! pipeline depths in turn. The report is the median of the per-pair ratios
+//! tierlimit ÷ peer with their spread, and each side's median µs per call.
+//! The server is pinned to core 0 and `redis-benchmark` to core 1 when
+//! `taskset` is present and there are two cores.
+//!
+//! `redis-benchmark` draws every `__rand_int__` of a command on its own, so
+//! a peer call with two keys of one user (Spring Cloud Gateway's tokens and
+//! timestamp, upstash's current and previous window) names two random users.
+//! The server does the same work either way (each key read and written as
+//! for one user, all on the admitted path); only the peer's arithmetic sees
+//! another user's number.
+//!
+//! Output: stdout, and `<out>/peer_scripts.jsonl` (`<out>` is
+//! `$TIERLIMIT_BENCH_OUT` or `target/tierlimit-benches`), one line per
+//! algorithm and pipeline depth (`"kind": "peer_script"`, with `"measured":
+//! false` and a `"reason"` when not measured), which `benches/render.py`
+//! turns into the section "Server µs per check against peers' scripts".
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::json;
+use tierlimit::{Algorithm, Rule, RuleSet};
+use tierlimit_benches::{Harness, Spread, runtime};
+use tierlimit_redis::{RedisTier, RedisTierConfig, ScriptMode, library_source};
+use tierlimit_test::RedisServer;
+
+/// The variable naming the directory that holds the peers' scripts.
+const DIR_VAR: &str = "TIERLIMIT_PEER_SCRIPTS";
+/// Concurrency of every sample, as in issue 11.
+const CLIENTS: usize = 50;
+/// The random key space.
+const KEYS: u64 = 10_000;
+/// The rule: `LIMIT` per second (and a burst of `LIMIT`).
+const LIMIT: u64 = 1_000;
+const PIPELINES: [usize; 2] = [1, 16];
+/// The target: tierlimit's server µs per check ÷ the peer's, at most this.
+const TARGET: f64 = 1.0;
+
+/// One peer script and how its project calls it.
+struct Peer {
+    /// Its file in `$TIERLIMIT_PEER_SCRIPTS`.
+    file: &'static str,
+    /// Short name in the report.
+    name: &'static str,
+    repo: &'static str,
+    version: &'static str,
+    path: &'static str,
+    commit: &'static str,
+    algorithm: Algorithm,
+    /// `<numkeys> KEYS... ARGV...` of one check of user `key` (a pattern
+    /// holding `__rand_int__`) at client time `now_ms`, as the project
+    /// builds them for the rule of this bench.
+    args: fn(key: &str, now_ms: u64) -> Vec<String>,
+    /// Whether the first element of the script's reply means admitted.
+    admitted: fn(first: i64) -> bool,
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+const PEERS: [Peer; 4] = [
+    Peer {
+        file: "redis_rate_gcra.lua",
+        name: "redis_rate allowN",
+        repo: "go-redis/redis_rate",
+        version: "v10",
+        path: "lua.go (var allowN)",
+        commit: "8eadf45ee4d9d7a53189c2a968ead40521a76322",
+        algorithm: Algorithm::Gcra,
+        // rate.go AllowN: key "rate:" + key; burst, rate, period in seconds
+        // (a float64, which go-redis writes as "1"), cost.
+        args: |key, _| {
+            let key = format!("rate:{key}");
+            strings(&["1", &key, "1000", "1000", "1", "1"])
+        },
+        // The reply starts with the units admitted (0 when denied).
+        admitted: |first| first == 1,
+    },
+    Peer {
+        file: "scg_token_bucket.lua",
+        name: "Spring Cloud Gateway request_rate_limiter.lua",
+        repo: "spring-cloud/spring-cloud-gateway",
+        version: "main, Aug 2026",
+        path: "spring-cloud-gateway-server-webflux/src/main/resources/META-INF/scripts/request_rate_limiter.lua",
+        commit: "5227205c743d6d2b743bedf2f58cc76c65ca7408",
+        algorithm: Algorithm::TokenBucket,
+        // RedisRateLimiter.getKeys(id, routeId): request_rate_limiter.{<route>.<id>}.tokens
+        // and .timestamp; ARGV replenishRate, burstCapacity, "" (the script
+        // then reads the server's TIME), requestedTokens.
+        args: |key, _| {
+            let tokens = format!("request_rate_limiter.{{peer.{key}}}.tokens");
+            let stamp = format!("request_rate_limiter.{{peer.{key}}}.timestamp");
+            strings(&["2", &tokens, &stamp, "1000", "1000", "", "1"])
+        },
+        admitted: |first| first == 1,
+    },
+    Peer {
+        file: "upstash_sliding_window.lua",
+        name: "upstash slidingWindow",
+        repo: "upstash/ratelimit-js",
+        version: "1.1.2",
+        path: "src/lua-scripts/single.ts (slidingWindowLimitScript)",
+        commit: "5b5448a5f0bae809cd624a7c639771a8b2e227cb",
+        algorithm: Algorithm::SlidingWindow,
+        // single.ts slidingWindow: keys <prefix>:<id>:<window> of now and of
+        // the window before, and "" for the dynamic limit (off by default);
+        // ARGV tokens, now in ms (the client's), window in ms, incrementBy.
+        args: |key, now_ms| {
+            let window = now_ms / 1000;
+            let current = format!("@upstash/ratelimit:{key}:{window}");
+            let previous = format!("@upstash/ratelimit:{key}:{}", window - 1);
+            let now = now_ms.to_string();
+            strings(&["3", &current, &previous, "", "1000", &now, "1000", "1"])
+        },
+        // The reply starts with the tokens remaining, -1 when denied.
+        admitted: |first| first >= 0,
+    },
+    Peer {
+        file: "rlflexible_fixed_window.lua",
+        name: "rate-limiter-flexible RateLimiterRedis",
+        repo: "animir/node-rate-limiter-flexible",
+        version: "11.1.0",
+        path: "lib/RateLimiterRedis.js (incrTtlLuaScript)",
+        commit: "3c9c826248cd470960740c89e25a1277dc98fbf4",
+        algorithm: Algorithm::FixedWindow,
+        // RateLimiterRedis._upsert: key "rlflx:" + key; ARGV points consumed,
+        // duration in s, then the limiter's points and duration.
+        args: |key, _| {
+            let key = format!("rlflx:{key}");
+            strings(&["1", &key, "1", "1", "1000", "1"])
+        },
+        // The reply starts with the points consumed in the window.
+        admitted: |first| (1..=1000).contains(&first),
+    },
+];
+
+/// What one side of one sample measured.
+#[derive(Clone, Copy)]
+struct Sample {
+    usec_per_call: f64,
+    rps: f64,
+}
+
+/// A peer ready to run: its script's SHA1 and tierlimit's rule.
+struct Ready<'a> {
+    peer: &'a Peer,
+    sha: String,
+    set: RuleSet,
+    /// Per pipeline depth: (tierlimit, peer) samples, pair by pair.
+    samples: Vec<Vec<(Sample, Sample)>>,
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (pairs, calls) = if quick {
+        (2, [2_000, 4_000])
+    } else {
+        (7, [30_000, 100_000])
+    };
+    let mut harness = Harness::for_binary("peer_scripts", quick);
+
+    // Which peers can run, and why not the others.
+    let mut sources = Vec::new();
+    let dir = std::env::var_os(DIR_VAR).map(PathBuf::from);
+    for peer in &PEERS {
+        match read_peer(dir.as_deref(), peer) {
+            Ok(source) => sources.push((peer, source)),
+            Err(reason) => not_measured(&mut harness, peer, &reason),
+        }
+    }
+    if sources.is_empty() {
+        return;
+    }
+    if let Err(reason) = require("redis-benchmark") {
+        for (peer, _) in &sources {
+            not_measured(&mut harness, peer, &reason);
+        }
+        return;
+    }
+
+    let server = RedisServer::start();
+    let pinned = pin(server.pid());
+    let rt = runtime();
+    let mut conn = redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the bench's redis-server");
+
+    // Load tierlimit's library the way the tier does, and find its check.
+    let tier = {
+        let _entered = rt.enter();
+        RedisTier::new(RedisTierConfig::new(server.url())).expect("a valid tier config")
+    };
+    let warm = RuleSet::new("peer", [Rule::per_second(LIMIT).expect("a valid rule")])
+        .expect("a valid rule set");
+    rt.block_on(tier.check("warm", &warm, 1))
+        .expect("the tier's first check");
+    assert_eq!(
+        tier.script_mode(),
+        Some(ScriptMode::Functions),
+        "the tier did not load its Functions library (Redis 7 or later is needed)"
+    );
+    let function = check_function();
+
+    let mut ready = Vec::new();
+    for (peer, source) in sources {
+        let loaded: redis::RedisResult<String> = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&source)
+            .query(&mut conn);
+        match loaded {
+            Ok(sha) => {
+                let set = RuleSet::new(
+                    "peer",
+                    [Rule::per_second(LIMIT)
+                        .and_then(|r| r.with_algorithm(peer.algorithm))
+                        .expect("a valid rule")],
+                )
+                .expect("a valid rule set");
+                ready.push(Ready {
+                    peer,
+                    sha,
+                    set,
+                    samples: vec![Vec::new(); PIPELINES.len()],
+                });
+            }
+            Err(e) => not_measured(
+                &mut harness,
+                peer,
+                &format!("the server refused {} (SCRIPT LOAD: {e})", peer.file),
+            ),
+        }
+    }
+
+    let started = Instant::now();
+    let mut sample_id = 0u64;
+    for pair in 0..pairs {
+        for r in ready.iter_mut() {
+            for (p, &pipeline) in PIPELINES.iter().enumerate() {
+                let n = calls[p];
+                sample_id += 1;
+                let key = format!("s{sample_id}:__rand_int__");
+                let ours = fcall_args(&function, &r.set, &key);
+                let a = side(&server, &mut conn, "fcall", &ours, pipeline, n);
+                probe_tierlimit(&mut conn, &ours, &key);
+                sample_id += 1;
+                let key = format!("s{sample_id}:__rand_int__");
+                let theirs = peer_args(r, &key);
+                let b = side(&server, &mut conn, "evalsha", &theirs, pipeline, n);
+                probe_peer(&mut conn, r.peer, &r.sha, &key);
+                eprintln!(
+                    "pair {}/{pairs} {:?} P{pipeline}: tierlimit {:.2} µs/call ({:.0}/s), {} {:.2} µs/call ({:.0}/s)",
+                    pair + 1,
+                    r.peer.algorithm,
+                    a.usec_per_call,
+                    a.rps,
+                    r.peer.name,
+                    b.usec_per_call,
+                    b.rps
+                );
+                r.samples[p].push((a, b));
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs();
+
+    for r in &ready {
+        for (p, &pipeline) in PIPELINES.iter().enumerate() {
+            let s = &r.samples[p];
+            let ours: Vec<f64> = s.iter().map(|(a, _)| a.usec_per_call).collect();
+            let theirs: Vec<f64> = s.iter().map(|(_, b)| b.usec_per_call).collect();
+            let ratios: Vec<f64> = s
+                .iter()
+                .map(|(a, b)| a.usec_per_call / b.usec_per_call)
+                .collect();
+            let spread = |v: &[f64]| Spread::of(v).expect("at least one pair");
+            let (o, t, ratio) = (spread(&ours), spread(&theirs), spread(&ratios));
+            let rps_a = spread(&s.iter().map(|(a, _)| a.rps).collect::<Vec<_>>()).median;
+            let rps_b = spread(&s.iter().map(|(_, b)| b.rps).collect::<Vec<_>>()).median;
+            let verdict = if ratio.median <= TARGET {
+                "met"
+            } else {
+                "MISSED"
+            };
+            println!(
+                "peer-scripts/{:?}/P{pipeline}: tierlimit FCALL {:.2} µs/call [{:.2}-{:.2}] vs {} EVALSHA {:.2} µs/call [{:.2}-{:.2}]: \
+                 ratio {:.3} [{:.3}-{:.3}] over {} pairs (target <= {TARGET:.2}: {verdict})",
+                r.peer.algorithm,
+                o.median,
+                o.min,
+                o.max,
+                r.peer.name,
+                t.median,
+                t.min,
+                t.max,
+                ratio.median,
+                ratio.min,
+                ratio.max,
+                s.len(),
+            );
+            harness.record(json!({
+                "kind": "peer_script",
+                "measured": true,
+                "algorithm": format!("{:?}", r.peer.algorithm),
+                "peer": peer_json(r.peer),
+                "rule": format!("{LIMIT} per second (burst {LIMIT})"),
+                "pipeline": pipeline,
+                "clients": CLIENTS,
+                "keys": KEYS,
+                "calls_per_sample": calls[p],
+                "pairs": s.len(),
+                "target_max": TARGET,
+                "tierlimit_usec_per_call": spread_json(o),
+                "peer_usec_per_call": spread_json(t),
+                "ratio": spread_json(ratio),
+                "ratios": ratios,
+                "tierlimit_usec_samples": ours,
+                "peer_usec_samples": theirs,
+                "tierlimit_rps": rps_a,
+                "peer_rps": rps_b,
+                "pinned": pinned,
+                "seconds": seconds,
+            }));
+        }
+    }
+    eprintln!(
+        "peer-scripts: {seconds} s; server {}",
+        if pinned {
+            "pinned to core 0, redis-benchmark to core 1"
+        } else {
+            "not pinned (no taskset or one core)"
+        }
+    );
+}
+
+/// The source of `peer`'s script, or why it cannot run.
+fn read_peer(dir: Option<&Path>, peer: &Peer) -> Result<String, String> {
+    let Some(dir) = dir else {
+        return Err(format!("{DIR_VAR} is not set"));
+    };
+    if !dir.is_dir() {
+        return Err(format!("{DIR_VAR}={} is not a directory", dir.display()));
+    }
+    let path = dir.join(peer.file);
+    match fs::read_to_string(&path) {
+        Ok(source) if !source.trim().is_empty() => Ok(source),
+        Ok(_) => Err(format!("{} is empty", path.display())),
+        Err(e) => Err(format!("{} cannot be read ({e})", path.display())),
+    }
+}
+
+/// Reports `peer` not measured, saying why and what to put where.
+fn not_measured(harness: &mut Harness, peer: &Peer, reason: &str) {
+    let fix = format!(
+        "set {DIR_VAR} to a directory outside the repository holding {} ({} {}, {} at commit {}); \
+         `benches/peer-scripts.sh DIR` fetches all four",
+        peer.file, peer.repo, peer.version, peer.path, peer.commit
+    );
+    println!(
+        "peer-scripts/{:?}: not measured: {reason}; {fix}",
+        peer.algorithm
+    );
+    harness.record(json!({
+        "kind": "peer_script",
+        "measured": false,
+        "algorithm": format!("{:?}", peer.algorithm),
+        "peer": peer_json(peer),
+        "reason": reason,
+        "fix": fix,
+        "target_max": TARGET,
+    }));
+}
+
+fn peer_json(peer: &Peer) -> serde_json::Value {
+    json!({
+        "name": peer.name,
+        "file": peer.file,
+        "repo": peer.repo,
+        "version": peer.version,
+        "path": peer.path,
+        "commit": peer.commit,
+    })
+}
+
+fn spread_json(s: Spread) -> serde_json::Value {
+    json!({ "median": s.median, "min": s.min, "max": s.max })
+}
+
+fn require(binary: &str) -> Result<(), String> {
+    Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(drop)
+        .map_err(|_| {
+            format!(
+                "{binary} is not on PATH: install it with `sudo apt-get install -y redis-tools`"
+            )
+        })
+}
+
+/// Pins the server to core 0 and this process (with the redis-benchmark it
+/// starts later) to core 1. False when it could not (no taskset, one core).
+fn pin(server_pid: u32) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return false;
+    }
+    let run = |core: &str, pid: u32| {
+        Command::new("taskset")
+            .args(["-a", "-p", "-c", core, &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    run("0", server_pid) && run("1", std::process::id())
+}
+
+/// The name of the library's single-check function, `tierlimit_check_<id>`,
+/// read from the library's source (the tier keeps its names to itself).
+fn check_function() -> String {
+    const MARK: &str = "redis.register_function('tierlimit_check_";
+    let source = library_source();
+    let at = source
+        .match_indices(MARK)
+        .map(|(i, _)| i + MARK.len() - "tierlimit_check_".len())
+        .find(|&i| !source[i..].starts_with("tierlimit_check_batch_"))
+        .expect("the library registers tierlimit_check_<id>");
+    let end = at + source[at..].find('\'').expect("a quoted function name");
+    source[at..end].to_string()
+}
+
+/// `FCALL <function> 1 <storage key> 0 1 42 <the rule's numbers>`: what the
+/// tier sends for one check of user `key` at server time, cost 1.
+fn fcall_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
+    let mut args = vec![
+        "FCALL".to_string(),
+        function.to_string(),
+        "1".into(),
+        set.storage_key(key, 0),
+        "0".into(),
+        "1".into(),
+        "42".into(),
+    ];
+    args.extend(set.script_args(0).iter().map(|s| s.to_string()));
+    args
+}
+
+fn peer_args(r: &Ready<'_>, key: &str) -> Vec<String> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64;
+    let mut args = vec!["EVALSHA".to_string(), r.sha.clone()];
+    args.extend((r.peer.args)(key, now_ms));
+    args
+}
+
+/// `args` with `__rand_int__` replaced by one key of the space, as
+/// redis-benchmark writes it (12 digits).
+fn one_call(args: &[String]) -> redis::Cmd {
+    let k = format!("{:012}", fastrand::u64(..KEYS));
+    let mut cmd = redis::cmd(&args[0]);
+    for a in &args[1..] {
+        cmd.arg(a.replace("__rand_int__", &k));
+    }
+    cmd
+}
+
+/// The first integer of a script's reply.
+fn first(reply: &redis::Value) -> Option<i64> {
+    match reply {
+        redis::Value::Array(items) => match items.first()? {
+            redis::Value::Int(i) => Some(*i),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// One more check on a key the sample just used must still be admitted.
+fn probe_tierlimit(conn: &mut redis::Connection, args: &[String], key: &str) {
+    let reply: redis::Value = one_call(args)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("FCALL of tierlimit's check on {key}: {e}"));
+    assert_eq!(
+        first(&reply),
+        Some(1),
+        "tierlimit denied a check after a sample: {reply:?}"
+    );
+}
+
+fn probe_peer(conn: &mut redis::Connection, peer: &Peer, sha: &str, key: &str) {
+    let mut args = vec!["EVALSHA".to_string(), sha.to_string()];
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64;
+    args.extend((peer.args)(key, now_ms));
+    let reply: redis::Value = one_call(&args)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("EVALSHA of {} on {key}: {e}", peer.file));
+    let admitted = first(&reply).is_some_and(peer.admitted);
+    assert!(
+        admitted,
+        "{} denied a call after a sample (the bench measures the admitted path): {reply:?}",
+        peer.name
+    );
+}
+
+/// One sample of one side: `redis-benchmark -c 50 -n <n> -r 10000 -P <p>
+/// <args>`, and the server's µs per call of `command` over it.
+fn side(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    command: &str,
+    args: &[String],
+    pipeline: usize,
+    n: u64,
+) -> Sample {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(conn)
+        .expect("CONFIG RESETSTAT");
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .args(["-c", &CLIENTS.to_string(), "-n", &n.to_string()])
+        .args(["-r", &KEYS.to_string(), "-P", &pipeline.to_string()])
+        .arg("--csv")
+        .args(args)
+        .output()
+        .expect("cannot run redis-benchmark");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rps = rps(&text).unwrap_or_else(|| {
+        panic!(
+            "redis-benchmark printed no result: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:");
+    let line = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {command} in INFO commandstats: {info}"));
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (calls, usec) = (field("calls"), field("usec"));
+    let failed = field("failed_calls") + field("rejected_calls");
+    assert_eq!(
+        failed, 0,
+        "{command}: {failed} calls failed or were rejected: {line}"
+    );
+    assert!(calls >= n, "{command}: {calls} calls counted, {n} sent");
+    Sample {
+        usec_per_call: usec as f64 / calls as f64,
+        rps,
+    }
+}
+
+/// Requests per second from redis-benchmark's `--csv` output: the second
+/// field of the last line (the test name, quoted, may hold commas, so the
+/// fields are counted from the right).
+fn rps(text: &str) -> Option<f64> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines.next()?.split(',').collect();
+    let row = lines.next()?;
+    let fields: Vec<&str> = row.rsplitn(header.len(), ',').collect();
+    // rsplitn yields right to left: "rps" is the second from the left.
+    fields
+        .get(header.len().checked_sub(2)?)?
+        .trim_matches('"')
+        .parse()
+        .ok()
+}
