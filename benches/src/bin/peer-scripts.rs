@@ -67,6 +67,21 @@
 //! for one user, all on the admitted path); only the peer's arithmetic sees
 //! another user's number.
 //!
+//! # As the tier sends checks under load
+//!
+//! One call per check is the design the peers share; under concurrency the
+//! tier packs checks into calls of its batch function instead (at c = 50 in
+//! the load bench, about 16 checks a call). So each pair also measures a
+//! third side, between the two above: `FCALL tierlimit_check_batch_<id>` of
+//! `BATCH` checks (each on its own random user key, as the tier's batch
+//! protocol carries them), with as many checks per sample as the other
+//! sides, its server µs per call ÷ `BATCH` being µs per check. It runs
+//! unpipelined only (`-P 1`, in the P1 rows): the tier keeps at most a few
+//! calls in flight per connection, and 16-deep pipelines of 16-check calls
+//! (12,800 checks in flight) measure nothing it does. The report gives
+//! tierlimit's µs per check both ways and both ratios; the target is judged
+//! for each.
+//!
 //! Output: stdout, and `<out>/peer_scripts.jsonl` (`<out>` is
 //! `$TIERLIMIT_BENCH_OUT` or `target/tierlimit-benches`), one line per
 //! algorithm and pipeline depth (`"kind": "peer_script"`, with `"measured":
@@ -95,6 +110,9 @@ const LIMIT: u64 = 1_000;
 const PIPELINES: [usize; 2] = [1, 16];
 /// The target: tierlimit's server µs per check ÷ the peer's, at most this.
 const TARGET: f64 = 1.0;
+/// Checks per call on the batched side: what the load bench's batches hold
+/// at c = 50.
+const BATCH: usize = 16;
 
 /// One peer script and how its project calls it.
 struct Peer {
@@ -207,8 +225,9 @@ struct Ready<'a> {
     peer: &'a Peer,
     sha: String,
     set: RuleSet,
-    /// Per pipeline depth: (tierlimit, peer) samples, pair by pair.
-    samples: Vec<Vec<(Sample, Sample)>>,
+    /// Per pipeline depth: (tierlimit one check per call, tierlimit batched
+    /// per check, peer) samples, pair by pair.
+    samples: Vec<Vec<(Sample, Option<Sample>, Sample)>>,
 }
 
 fn main() {
@@ -260,7 +279,8 @@ fn main() {
         Some(ScriptMode::Functions),
         "the tier did not load its Functions library (Redis 7 or later is needed)"
     );
-    let function = check_function();
+    let function = library_function("tierlimit_check_");
+    let batch_function = library_function("tierlimit_check_batch_");
 
     let mut ready = Vec::new();
     for (peer, source) in sources {
@@ -303,22 +323,34 @@ fn main() {
                 let ours = fcall_args(&function, &r.set, &key);
                 let a = side(&server, &mut conn, "fcall", &ours, pipeline, n);
                 probe_tierlimit(&mut conn, &ours, &key);
+                let per_check = (pipeline == 1).then(|| {
+                    sample_id += 1;
+                    let key = format!("s{sample_id}:__rand_int__");
+                    let batched = batch_args(&batch_function, &r.set, &key);
+                    let calls = side(&server, &mut conn, "fcall", &batched, 1, n / BATCH as u64);
+                    probe_batch(&mut conn, &batched, &key);
+                    Sample {
+                        usec_per_call: calls.usec_per_call / BATCH as f64,
+                        rps: calls.rps * BATCH as f64,
+                    }
+                });
                 sample_id += 1;
                 let key = format!("s{sample_id}:__rand_int__");
                 let theirs = peer_args(r, &key);
                 let b = side(&server, &mut conn, "evalsha", &theirs, pipeline, n);
                 probe_peer(&mut conn, r.peer, &r.sha, &key);
                 eprintln!(
-                    "pair {}/{pairs} {:?} P{pipeline}: tierlimit {:.2} µs/call ({:.0}/s), {} {:.2} µs/call ({:.0}/s)",
+                    "pair {}/{pairs} {:?} P{pipeline}: tierlimit {:.2} µs/call ({:.0}/s), batched {:?} µs/check, {} {:.2} µs/call ({:.0}/s)",
                     pair + 1,
                     r.peer.algorithm,
                     a.usec_per_call,
                     a.rps,
+                    per_check.map(|m| m.usec_per_call),
                     r.peer.name,
                     b.usec_per_call,
                     b.rps
                 );
-                r.samples[p].push((a, b));
+                r.samples[p].push((a, per_check, b));
             }
         }
     }
@@ -327,24 +359,42 @@ fn main() {
     for r in &ready {
         for (p, &pipeline) in PIPELINES.iter().enumerate() {
             let s = &r.samples[p];
-            let ours: Vec<f64> = s.iter().map(|(a, _)| a.usec_per_call).collect();
-            let theirs: Vec<f64> = s.iter().map(|(_, b)| b.usec_per_call).collect();
+            let ours: Vec<f64> = s.iter().map(|(a, _, _)| a.usec_per_call).collect();
+            let batched: Vec<f64> = s
+                .iter()
+                .filter_map(|(_, m, _)| m.map(|m| m.usec_per_call))
+                .collect();
+            let theirs: Vec<f64> = s.iter().map(|(_, _, b)| b.usec_per_call).collect();
             let ratios: Vec<f64> = s
                 .iter()
-                .map(|(a, b)| a.usec_per_call / b.usec_per_call)
+                .map(|(a, _, b)| a.usec_per_call / b.usec_per_call)
+                .collect();
+            let batched_ratios: Vec<f64> = s
+                .iter()
+                .filter_map(|(_, m, b)| m.map(|m| m.usec_per_call / b.usec_per_call))
                 .collect();
             let spread = |v: &[f64]| Spread::of(v).expect("at least one pair");
             let (o, t, ratio) = (spread(&ours), spread(&theirs), spread(&ratios));
-            let rps_a = spread(&s.iter().map(|(a, _)| a.rps).collect::<Vec<_>>()).median;
-            let rps_b = spread(&s.iter().map(|(_, b)| b.rps).collect::<Vec<_>>()).median;
-            let verdict = if ratio.median <= TARGET {
-                "met"
-            } else {
-                "MISSED"
+            let (m, batched_ratio) = (Spread::of(&batched), Spread::of(&batched_ratios));
+            let rps_a = spread(&s.iter().map(|(a, _, _)| a.rps).collect::<Vec<_>>()).median;
+            let rps_b = spread(&s.iter().map(|(_, _, b)| b.rps).collect::<Vec<_>>()).median;
+            let verdict = |r: Spread| if r.median <= TARGET { "met" } else { "MISSED" };
+            let batched_text = match (m, batched_ratio) {
+                (Some(m), Some(r)) => format!(
+                    "batched {:.2} µs/check [{:.2}-{:.2}], ratio {:.3} [{:.3}-{:.3}] ({})",
+                    m.median,
+                    m.min,
+                    m.max,
+                    r.median,
+                    r.min,
+                    r.max,
+                    verdict(r)
+                ),
+                _ => "batched: not run at this depth".to_string(),
             };
             println!(
                 "peer-scripts/{:?}/P{pipeline}: tierlimit FCALL {:.2} µs/call [{:.2}-{:.2}] vs {} EVALSHA {:.2} µs/call [{:.2}-{:.2}]: \
-                 ratio {:.3} [{:.3}-{:.3}] over {} pairs (target <= {TARGET:.2}: {verdict})",
+                 ratio {:.3} [{:.3}-{:.3}] over {} pairs (target <= {TARGET:.2}: {}); {batched_text}",
                 r.peer.algorithm,
                 o.median,
                 o.min,
@@ -357,6 +407,7 @@ fn main() {
                 ratio.min,
                 ratio.max,
                 s.len(),
+                verdict(ratio),
             );
             harness.record(json!({
                 "kind": "peer_script",
@@ -374,6 +425,10 @@ fn main() {
                 "peer_usec_per_call": spread_json(t),
                 "ratio": spread_json(ratio),
                 "ratios": ratios,
+                "batch": BATCH,
+                "tierlimit_batched_usec_per_check": m.map(spread_json),
+                "batched_ratio": batched_ratio.map(spread_json),
+                "batched_ratios": batched_ratios,
                 "tierlimit_usec_samples": ours,
                 "peer_usec_samples": theirs,
                 "tierlimit_rps": rps_a,
@@ -480,16 +535,37 @@ fn pin(server_pid: u32) -> bool {
 
 /// The name of the library's single-check function, `tierlimit_check_<id>`,
 /// read from the library's source (the tier keeps its names to itself).
-fn check_function() -> String {
-    const MARK: &str = "redis.register_function('tierlimit_check_";
+/// The name of the library's function `<prefix><id>` (`<id>` being the
+/// library's own): `tierlimit_check_` or `tierlimit_check_batch_`.
+fn library_function(prefix: &str) -> String {
     let source = library_source();
-    let at = source
-        .match_indices(MARK)
-        .map(|(i, _)| i + MARK.len() - "tierlimit_check_".len())
-        .find(|&i| !source[i..].starts_with("tierlimit_check_batch_"))
-        .expect("the library registers tierlimit_check_<id>");
-    let end = at + source[at..].find('\'').expect("a quoted function name");
-    source[at..end].to_string()
+    let id = source
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name=tierlimit_"))
+        .expect("the library's first line names it tierlimit_<id>");
+    let name = format!("{prefix}{id}");
+    assert!(
+        source.contains(&format!("redis.register_function('{name}'")),
+        "the library registers {name}"
+    );
+    name
+}
+
+/// `FCALL <batch function> 16 <16 storage keys> 16 1 <the set's rules> then
+/// per check 1 0 1 <nonce>`: what the tier sends for a batch of `BATCH`
+/// checks of one rule set at server time, cost 1 (see lua/check_batch.lua).
+/// Every key holds `__rand_int__`, which redis-benchmark draws anew for each
+/// occurrence: `BATCH` random users.
+fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
+    let mut args = vec!["FCALL".to_string(), function.to_string(), BATCH.to_string()];
+    args.extend((0..BATCH).map(|_| set.storage_key(key, 0)));
+    args.extend([BATCH.to_string(), "1".into(), set.rules().len().to_string()]);
+    args.extend(set.script_args(0).iter().map(|s| s.to_string()));
+    for j in 0..BATCH {
+        args.extend(["1".into(), "0".into(), "1".into(), j.to_string()]);
+    }
+    args
 }
 
 /// `FCALL <function> 1 <storage key> 0 1 42 <the rule's numbers>`: what the
@@ -549,6 +625,22 @@ fn probe_tierlimit(conn: &mut redis::Connection, args: &[String], key: &str) {
         first(&reply),
         Some(1),
         "tierlimit denied a check after a sample: {reply:?}"
+    );
+}
+
+/// One more batch on one key the sample used must have every check admitted
+/// (its `BATCH` checks fit the rule's burst).
+fn probe_batch(conn: &mut redis::Connection, args: &[String], key: &str) {
+    let reply: redis::Value = one_call(args)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("FCALL of tierlimit's batch on {key}: {e}"));
+    let admitted = match &reply {
+        redis::Value::Array(items) => items.iter().filter(|i| first(i) == Some(1)).count(),
+        _ => 0,
+    };
+    assert_eq!(
+        admitted, BATCH,
+        "tierlimit's batch denied a check after a sample: {reply:?}"
     );
 }
 
