@@ -72,7 +72,9 @@ impl Hash for dyn Lookup + '_ {
     fn hash<H: Hasher>(&self, state: &mut H) {
         let (set, key) = self.parts();
         state.write_u64(set.identity_hash());
-        key.hash(state);
+        // The key's bytes without `str`'s end marker: the identity before it
+        // has a fixed length, so no two (set, key) pairs feed the same bytes.
+        state.write(key.as_bytes());
     }
 }
 

@@ -189,6 +189,55 @@ struct RuleCell {
     owed: Owed,
 }
 
+/// A bucket's cells, one per rule: a one-rule set's cell (the common case)
+/// sits in the bucket itself, so a check reaches it without another pointer
+/// (at a million keys, one cache miss fewer per check).
+#[derive(Debug)]
+enum Cells {
+    One(RuleCell),
+    Many(Box<[RuleCell]>),
+}
+
+impl Cells {
+    /// Heap bytes beyond the map's slot.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Cells::One(_) => 0,
+            Cells::Many(cells) => cells.len() * std::mem::size_of::<RuleCell>(),
+        }
+    }
+}
+
+impl std::ops::Deref for Cells {
+    type Target = [RuleCell];
+
+    fn deref(&self) -> &[RuleCell] {
+        match self {
+            Cells::One(cell) => std::slice::from_ref(cell),
+            Cells::Many(cells) => cells,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Cells {
+    fn deref_mut(&mut self) -> &mut [RuleCell] {
+        match self {
+            Cells::One(cell) => std::slice::from_mut(cell),
+            Cells::Many(cells) => cells,
+        }
+    }
+}
+
+impl FromIterator<RuleCell> for Cells {
+    fn from_iter<I: IntoIterator<Item = RuleCell>>(iter: I) -> Self {
+        let mut iter = iter.into_iter();
+        match (iter.next(), iter.next()) {
+            (Some(one), None) => Cells::One(one),
+            (first, second) => Cells::Many(first.into_iter().chain(second).chain(iter).collect()),
+        }
+    }
+}
+
 /// The engines of one rule set for one instance count, shared by its buckets.
 #[derive(Debug)]
 struct SetEngine {
@@ -208,12 +257,12 @@ struct Bucket {
     /// The outage the states were made for: a new outage, like a new
     /// instance count, starts the key afresh from its warm seed.
     outage: u64,
-    rules: Box<[RuleCell]>,
+    rules: Cells,
 }
 
 impl ValueBytes for Bucket {
     fn value_bytes(&self) -> usize {
-        self.rules.len() * std::mem::size_of::<RuleCell>()
+        self.rules.heap_bytes()
     }
 }
 
@@ -758,7 +807,7 @@ impl LocalTier {
             if let Some(rules) = rules {
                 rules.push(rule_state(&eval, eval.ok, cost));
             }
-            return LocalAnswer::Decided(decide(set, &[eval], eval.ok));
+            return LocalAnswer::Decided(decide_one(set, &eval));
         }
         let now = Now {
             mono_ns,
@@ -1148,6 +1197,22 @@ fn rule_state(e: &Eval, allowed: bool, cost: u64) -> RuleState {
         e.remaining
     };
     RuleState::new(remaining, us(e.reset_after_us))
+}
+
+/// [`decide`] for a one-rule set, without choosing among rules.
+fn decide_one(set: &RuleSet, e: &Eval) -> Decision {
+    let limit = set.rules().first().map_or(0, Rule::limit);
+    if e.ok {
+        Decision::allowed(limit, e.remaining, us(e.reset_after_us), 0, Tier::Local)
+    } else {
+        Decision::denied(
+            limit,
+            us(e.reset_after_us),
+            us(e.retry_after_us),
+            0,
+            Tier::Local,
+        )
+    }
 }
 
 /// The deciding rule: when admitted the one with the fewest remaining, when
