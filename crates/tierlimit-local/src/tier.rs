@@ -11,7 +11,7 @@ use tierlimit_core::{
 
 use crate::bounded::{BoundedMap, ValueBytes};
 use crate::engine::{RuleEngine, Tat, governor_check};
-use crate::key::{LocalKey, Lookup, Probe};
+use crate::key::{LocalKey, Probe};
 use crate::slot::{self, Eval, Share, Slot};
 use crate::{Claim, Ledger};
 
@@ -647,11 +647,8 @@ impl LocalTier {
             unix_us,
         };
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
-        let mut bucket = self.buckets.get_mut(&probe as &dyn Lookup)?;
+        let probe = Probe::new(set, escaped_key);
+        let mut bucket = self.buckets.get_mut(&probe)?;
         let written = bucket
             .written(bucket.engine.as_ref()?.instances, ended)?
             .clone();
@@ -786,16 +783,13 @@ impl LocalTier {
     ) -> LocalAnswer {
         let mono_ns = self.mono_ns();
         let outage = self.outage.load(Ordering::Relaxed);
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
+        let probe = Probe::new(set, escaped_key);
         // A known key of a one-rule governor set: governor, under the
         // bucket's exclusive guard, so what is owed is counted with plain
         // stores. A shared guard would cost the same two atomic operations
         // (lock, unlock) and the count one more: a locked add, a fifth of a
         // check's time here (perf, fallback/1000-keys).
-        if let Some(mut guard) = self.buckets.get_mut(&probe as &dyn Lookup)
+        if let Some(mut guard) = self.buckets.get_mut(&probe)
             && let bucket = &mut *guard
             && let Some(engine) = bucket.engine.as_ref().filter(|e| {
                 e.instances == instances && bucket.outage == outage && same_limits(&e.set, set)
@@ -938,11 +932,8 @@ impl LocalTier {
         if self.ledger.is_empty() && !self.owing.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
-        if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
+        let probe = Probe::new(set, escaped_key);
+        if let Some(bucket) = self.buckets.get(&probe) {
             for (i, r) in bucket.rules.iter().enumerate() {
                 self.move_owed(set, escaped_key, i, &r.owed);
             }
@@ -968,12 +959,9 @@ impl LocalTier {
     /// local admission.
     pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
         let now = self.unix_from(self.mono_ns());
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
+        let probe = Probe::new(set, escaped_key);
         // Owing takes atomics only: a shared guard will do for a known key.
-        if let Some(bucket) = self.buckets.get(&probe as &dyn Lookup) {
+        if let Some(bucket) = self.buckets.get(&probe) {
             self.owe(set, escaped_key, &bucket.rules, cost, now);
             return;
         }
@@ -1015,7 +1003,7 @@ impl LocalTier {
     /// reported under other limits or bursts, what was used then is kept
     /// (`capacity - used`, at least 0).
     fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: u64) -> Option<(u64, Vec<u64>)> {
-        let w = self.warm.get(key as &dyn Lookup)?;
+        let w = self.warm.get(key)?;
         let rules = set.rules();
         (w.expires_us > now && w.remaining.len() == rules.len()).then(|| {
             let remaining = w
@@ -1116,12 +1104,9 @@ impl LocalTier {
             return None;
         }
         let now = self.clock.unix_micros();
-        let probe = Probe {
-            set,
-            key: escaped_key,
-        };
+        let probe = Probe::new(set, escaped_key);
         let (until_us, retry_until_us, d_cost, decision) = {
-            let d = self.denials.get(&probe as &dyn Lookup)?;
+            let d = self.denials.get(&probe)?;
             if !same_limits(&d.set, set) {
                 return None;
             }
@@ -1130,7 +1115,7 @@ impl LocalTier {
         if until_us <= now {
             // Kept until the retry-after itself, so a re-denial is not spread again.
             self.denials
-                .remove_if(&probe as &dyn Lookup, |d| d.retry_until_us <= now);
+                .remove_if(&probe, |d| d.retry_until_us <= now);
             return None;
         }
         if cost < d_cost {
