@@ -43,6 +43,7 @@ impl<'a> Probe<'a> {
 }
 
 impl Hash for Probe<'_> {
+    #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.set.identity_hash());
         // The key's bytes without `str`'s end marker: the identity before it
@@ -52,6 +53,7 @@ impl Hash for Probe<'_> {
 }
 
 impl PartialEq for Probe<'_> {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         same_bytes(self.key.as_bytes(), other.key.as_bytes()) && self.set.same_identity(&other.set)
     }

@@ -776,6 +776,25 @@ impl LocalTier {
             }
             return LocalAnswer::Decided(decide_one(set, &eval));
         }
+        self.check_slow(escaped_key, set, cost, instances, record, rules, mono_ns, outage)
+    }
+
+    /// [`check_into`](Self::check_into) past its fast path: a new key, a
+    /// bucket to convert, a set of several rules or of other engines. Out of
+    /// line, so the fast path's frame stays small.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments, reason = "check_into's, and its clock reads")]
+    fn check_slow(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        cost: u64,
+        instances: u64,
+        record: bool,
+        rules: Option<&mut Vec<RuleState>>,
+        mono_ns: u64,
+        outage: u64,
+    ) -> LocalAnswer {
         let now = Now {
             mono_ns,
             unix_us: self.clock.unix_micros(),
