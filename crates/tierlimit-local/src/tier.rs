@@ -686,6 +686,7 @@ impl LocalTier {
     /// the set reconciles.
     ///
     /// Key and cost must already be validated (the facade does it first).
+    #[inline]
     pub fn check(
         &self,
         escaped_key: &str,
@@ -1062,10 +1063,18 @@ impl LocalTier {
     }
 
     /// A cached denial for this request, if one is still in force.
+    #[inline]
     pub fn cached_denial(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+        // Inlined into the facade: with no denial cached (every outage-only
+        // workload), one load and no call.
         if self.denials.len() == 0 {
             return None;
         }
+        self.cached_denial_of(escaped_key, set, cost)
+    }
+
+    #[inline(never)]
+    fn cached_denial_of(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
         let now = self.clock.unix_micros();
         let probe = Probe::new(set, escaped_key);
         let (until_us, retry_until_us, d_cost, decision) = {
