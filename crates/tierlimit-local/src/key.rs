@@ -125,11 +125,7 @@ impl<V: ValueBytes> BoundedMap<LocalKey, V> {
         key: &str,
         make: impl FnOnce(&LocalKey) -> V,
     ) -> Option<RefMut<'_, LocalKey, V>> {
-        self.get_or_try_insert_with(
-            &Probe::new(set, key),
-            || LocalKey::new(set, key),
-            make,
-        )
+        self.get_or_try_insert_with(&Probe::new(set, key), || LocalKey::new(set, key), make)
     }
 }
 

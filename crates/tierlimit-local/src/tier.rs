@@ -766,14 +766,26 @@ impl LocalTier {
             }
             return LocalAnswer::Decided(decide_one(set, &eval));
         }
-        self.check_slow(escaped_key, set, cost, instances, record, rules, mono_ns, outage)
+        self.check_slow(
+            escaped_key,
+            set,
+            cost,
+            instances,
+            record,
+            rules,
+            mono_ns,
+            outage,
+        )
     }
 
     /// [`check_into`](Self::check_into) past its fast path: a new key, a
     /// bucket to convert, a set of several rules or of other engines. Out of
     /// line, so the fast path's frame stays small.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments, reason = "check_into's, and its clock reads")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "check_into's, and its clock reads"
+    )]
     fn check_slow(
         &self,
         escaped_key: &str,
@@ -1086,8 +1098,7 @@ impl LocalTier {
         };
         if until_us <= now {
             // Kept until the retry-after itself, so a re-denial is not spread again.
-            self.denials
-                .remove_if(&probe, |d| d.retry_until_us <= now);
+            self.denials.remove_if(&probe, |d| d.retry_until_us <= now);
             return None;
         }
         if cost < d_cost {
