@@ -82,6 +82,7 @@ pub fn escape_key(key: &str) -> std::borrow::Cow<'_, str> {
 /// assert!(matches!(validate_and_escape_key("a\tb"), Err(Error::KeyControlChar { position: 1 })));
 /// # Ok::<(), Error>(())
 /// ```
+#[inline]
 pub fn validate_and_escape_key(key: &str) -> Result<std::borrow::Cow<'_, str>> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         validate_key(key)?;

@@ -374,11 +374,18 @@ impl RuleSet {
     /// rule's capacity is [`Error::CostExceedsCapacity`] (it could never succeed).
     /// A [striped](Self::with_stripes) set's capacity is its smallest
     /// stripe's: one check is decided by one stripe.
+    #[inline]
     pub fn validate_cost(&self, cost: u64) -> Result<()> {
-        // The common case in one comparison; the errors below name the rule.
+        // The common case in one comparison, inlined into the caller; the
+        // errors, which name the rule, out of line.
         if cost != 0 && cost <= self.inner.max_cost {
             return Ok(());
         }
+        self.cost_error(cost)
+    }
+
+    #[inline(never)]
+    fn cost_error(&self, cost: u64) -> Result<()> {
         if let Some(smallest) = self.inner.stripes.last() {
             return smallest.validate_cost(cost);
         }

@@ -90,6 +90,7 @@ impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
