@@ -21,16 +21,20 @@ BENCHES = ["local", "breaker", "allocations", "script_cost", "tower"]
 
 # How to read the script-parts table (benches/src/bin/script-parts.rs).
 PARTS_NOTES = [
-    'Reading it: inside a batch, the shipped script costs about 1.7x the minimal '
-    'GET + SET PX loop per GCRA check (1.9-2.0x before the two cuts of branch '
-    '`functions`). Of the rest, the argument checks are about 1 µs, the pcalls, '
-    "the TAT string and the other algorithms' definitions a few tenths each; the "
-    'largest share (3.4-4.8 µs) is the generic decision itself (per check: the '
-    'layout and argument tables, check_keys, call_now, the dispatch through '
-    'CHECKS/COMMITS, the reply tables). Alone (one check per call), the check '
-    "script costs 2.4-2.9x the minimal script: there the call's fixed part "
-    'dominates, re-creating every function of the joined file on each EVALSHA, '
-    'which is what Redis Functions (loaded once) would remove.',
+    "Reading it: the cumulative rows are the batch script run by `EVALSHA`, where"
+    " the memos of checked arguments are off (a script would start them empty on"
+    " every call), so the argument-check row there is the per-request checks"
+    " only; the rule set's numbers are checked once per call. The tier runs the"
+    " same code as a Functions library on Redis 7 (the last rows), where a rule"
+    " set's numbers and the costs seen are checked once per server. What a GCRA"
+    " check costs above the minimal GET + SET PX loop is then the generic"
+    " decision: the `pcall` per request and per rule, the dispatch through"
+    " CHECKS/COMMITS, the per-request layout and reply tables, and the"
+    " `<TAT>@<limit>` string. One check per call, measured with stub functions"
+    " on this machine (server µs per call, median of 2,400): an `FCALL` with the"
+    " check's 8 arguments and a 6-integer reply costs 1.4 µs doing nothing, TIME"
+    " 0.8, a GET 0.6, a SET with PX 1.4; the minimal GCRA function adds 1.2 µs of"
+    " Lua to those, tierlimit's check 2.5 µs (about 6.8 against 5.5 µs in all).",
     "",
 ]
 
@@ -39,34 +43,37 @@ PARTS_NOTES = [
 LOAD_NOTES = [
     "### Why the load targets are missed",
     "",
-    "* **Bound by Lua work per check, not by calls.** Batching brings script calls"
-    " per check at c = 50 near 0.06, but each GCRA check still costs about 12–16 µs"
-    " of server time inside a batch (`INFO commandstats` over 100-check batches of"
-    " fresh keys), against about 6 µs for a minimal GET + SET PX loop: checking"
-    " every argument as a decimal string (about 4 µs of it), the dispatch over five"
-    " algorithms with a `pcall` per rule, and parsing and formatting the"
-    " `<TAT>@<limit>` string. Reaching 2× `redis-benchmark -P 16` needs the lean"
-    " scripts of issue 11 (Functions, lighter state and checks), not done yet.",
-    "* **c = 1 against B16 is not a fair pair**: a closed-loop caller with one"
-    " check in flight cannot match one connection with 16 requests in flight; B1"
-    " is the comparison at c = 1.",
-    "* **c = 8: batching below no batching** (A ÷ A1 < 1): with two calls in"
-    " flight and batches of a few checks, the server waits while the client wakes"
-    " a batch's callers; unbatched, eight calls keep it busy.",
-    "* **Facade ÷ bare tier**: the facade's own per-check work (denial cache"
-    " lookup, local-tier bookkeeping, metrics, the boxed Redis future) is about"
-    " 2 µs of the load core's time per check; at 50,000 checks/s and more that is"
-    " 5–15 % of the core, so the ratio falls below 0.98 as throughput rises.",
+    "* **A ÷ B16 at c = 50 (2.0).** Under A the server spends 5.7–6.4 µs of CPU"
+    " per check (4.1–4.6 µs of it in the batch function, see above; the rest"
+    " reads the calls and writes the replies), so even a server busy all the"
+    " time would give at most 155–175k checks/s, 1.6–1.9× B16's 90–96k. A"
+    " reached 1.37–1.64× over five runs of this bench in one session, with the"
+    " server 80–85 % busy: the client's turnaround between batches (two calls"
+    " in flight per connection, then a hand-off) leaves it idle the rest. 2.0"
+    " needs both: less server work per check (the generic decision above; the"
+    " window algorithms' hash states cost a check 6.1–6.4 µs in a batch against"
+    " GCRA's 4.5) and a client that keeps the server busier. Tried and not"
+    " kept, as no better within the noise: three calls in flight instead of two"
+    " (c = 8 up, c = 50 down, one run each), and handing the queue on before"
+    " waking the answered callers.",
+    "* **Lowest A ÷ B16 over c (1.0).** Not reachable at c = 1 by any design"
+    " that waits for its answer: with one check in flight A is bound by one"
+    " round trip (p50 65–73 µs, at most ~15k checks/s), while B16 keeps 16"
+    " requests in flight on its one connection (60–75k/s). At c = 8, B16 has"
+    " 128 requests in flight against A's 8: A reaches 0.5–0.9× B16, and A ÷ A1"
+    " there is 0.8–1.1 (batching neither clearly helps nor hurts with 8 in"
+    " flight).",
+    "* **A ÷ T (0.98).** Within ±5 % of 1.0 from run to run (0.96–1.04 in this"
+    " session's runs): the facade's own work per check is small next to the"
+    " tier's, and the target's margin is inside the noise of one run.",
+    "* **Server script µs per check ÷ the minimal script.** A's batches cost the"
+    " server 1.1–1.2× what the minimal GCRA script costs sent one per check"
+    " (M16); B16, the check script by `EVALSHA` one per check, costs 2.4–2.6×:"
+    " every `EVALSHA` runs the whole joined file again and checks every argument"
+    " (the memos need a library). What the tier's checks still cost above the"
+    " minimal one is in \"Where a check's server time goes\".",
     "",
 ]
-
-
-def load_optional(results_dir, bench):
-    """The records of a bench that may not have run; None when it did not."""
-    path = Path(results_dir) / f"{bench}.jsonl"
-    if not path.exists():
-        return None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def load(results_dir):

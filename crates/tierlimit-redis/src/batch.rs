@@ -46,6 +46,7 @@ pub struct CheckKey<'a> {
 impl<'a> CheckKey<'a> {
     /// Validates `key` and escapes it, in one pass over the key
     /// ([`validate_and_escape_key`]); the error is [`validate_key`](tierlimit_core::validate_key)'s.
+    #[inline]
     pub fn new(key: &'a str) -> Result<CheckKey<'a>> {
         Ok(CheckKey {
             escaped: validate_and_escape_key(key)?,
@@ -53,6 +54,7 @@ impl<'a> CheckKey<'a> {
     }
 
     /// The escaped key: what goes inside the storage keys' hash tag.
+    #[inline]
     pub fn escaped(&self) -> &str {
         &self.escaped
     }

@@ -1,6 +1,5 @@
 //! The hybrid limiter: Redis while it is healthy, the policy's answer while not.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tierlimit_core::{
     Clock, Decision, Error, Policy, RedisFailure, Result, Rule, RuleSet, RuleState, SystemClock,
-    Tier, validate_and_escape_key,
+    Tier,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
@@ -662,9 +661,7 @@ impl HybridLimiter {
             // Boxed: the Redis call's future is large, and a check's future
             // that held it inline would be copied whole on every check, the
             // local ones included.
-            Ok(Here::AskRedis(escaped)) => Err(Box::pin(
-                self.ask_redis(key, escaped, rule_set, cost, rules),
-            )),
+            Ok(Here::AskRedis(key)) => Err(Box::pin(self.ask_redis(key, rule_set, cost, rules))),
         }
     }
 
@@ -698,9 +695,7 @@ impl HybridLimiter {
     ) -> Result<Decision> {
         match self.decide_here(key, rule_set, cost, rules.as_deref_mut())? {
             Here::Decided(decision) => Ok(decision),
-            Here::AskRedis(escaped) => {
-                Box::pin(self.ask_redis(key, escaped, rule_set, cost, rules)).await
-            }
+            Here::AskRedis(key) => Box::pin(self.ask_redis(key, rule_set, cost, rules)).await,
         }
     }
 
@@ -714,35 +709,35 @@ impl HybridLimiter {
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Here<'k>> {
-        let escaped = validate_and_escape_key(key)?;
+        // Validated and escaped once, for every tier this check may ask.
+        let key = CheckKey::new(key)?;
+        let escaped = key.escaped();
         rule_set.validate_cost(cost)?;
         let inner = &*self.inner;
-        if let Some(denied) = inner.local.cached_denial(&escaped, rule_set, cost) {
+        if let Some(denied) = inner.local.cached_denial(escaped, rule_set, cost) {
             return Ok(Here::Decided(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
-            if let Some(denied) = inner.local.settling(&escaped, rule_set, cost) {
+            if let Some(denied) = inner.local.settling(escaped, rule_set, cost) {
                 return Ok(Here::Decided(inner.count(rule_set, denied)));
             }
-            return Ok(Here::AskRedis(escaped));
+            return Ok(Here::AskRedis(key));
         }
-        let decision = inner.fallback(&escaped, rule_set, cost, rules);
+        let decision = inner.fallback(escaped, rule_set, cost, rules);
         Ok(Here::Decided(inner.count(rule_set, decision)))
     }
 
     /// A check Redis is asked for (the breaker allows it).
     async fn ask_redis(
         &self,
-        key: &str,
-        escaped: Cow<'_, str>,
+        key: CheckKey<'_>,
         rule_set: &RuleSet,
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Decision> {
-        // Validated already (`decide_here`): the Redis tier's form of it.
-        let key = &CheckKey::new(key)?;
+        let key = &key;
         let inner = &*self.inner;
-        let escaped = &*escaped;
+        let escaped = key.escaped();
         let started = Instant::now();
         // What this key used locally reaches Redis before its quota does.
         let claims = inner.local.claim_pending(escaped, rule_set);
@@ -924,7 +919,7 @@ impl std::fmt::Display for KeyHash<'_> {
 enum Here<'k> {
     Decided(Decision),
     /// Redis decides; the key, validated and escaped.
-    AskRedis(Cow<'k, str>),
+    AskRedis(CheckKey<'k>),
 }
 
 /// A check waiting for Redis (or traced), boxed.
