@@ -365,6 +365,42 @@ fn calibrate(a: &mut impl FnMut(u64) -> Duration, sample: Duration) -> u64 {
     }
 }
 
+/// Whether `binary` (a tool of the redis-tools package, such as
+/// `redis-benchmark`) runs here; `Err` says how to install it.
+pub fn redis_tool(binary: &str) -> Result<(), String> {
+    std::process::Command::new(binary)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(drop)
+        .map_err(|_| {
+            format!(
+                "{binary} is not on PATH: install it with `sudo apt-get install -y redis-tools`"
+            )
+        })
+}
+
+/// Pins the server to core 0 and this process (every thread, and the
+/// children it starts later, redis-benchmark's included) to core 1, so the
+/// load and the server do not share a core. False when it could not (no
+/// `taskset`, or one core).
+pub fn pin_server_and_load(server_pid: u32) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return false;
+    }
+    let run = |core: &str, pid: u32| {
+        std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", core, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    run("0", server_pid) && run("1", std::process::id())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

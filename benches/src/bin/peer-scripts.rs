@@ -90,12 +90,12 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use serde_json::json;
 use tierlimit::{Algorithm, Rule, RuleSet};
-use tierlimit_benches::{Harness, Spread, runtime};
+use tierlimit_benches::{Harness, Spread, pin_server_and_load, redis_tool, runtime};
 use tierlimit_redis::{RedisTier, RedisTierConfig, ScriptMode, library_source};
 use tierlimit_test::RedisServer;
 
@@ -251,7 +251,7 @@ fn main() {
     if sources.is_empty() {
         return;
     }
-    if let Err(reason) = require("redis-benchmark") {
+    if let Err(reason) = redis_tool("redis-benchmark") {
         for (peer, _) in &sources {
             not_measured(&mut harness, peer, &reason);
         }
@@ -259,7 +259,7 @@ fn main() {
     }
 
     let server = RedisServer::start();
-    let pinned = pin(server.pid());
+    let pinned = pin_server_and_load(server.pid());
     let rt = runtime();
     let mut conn = redis::Client::open(server.url())
         .and_then(|c| c.get_connection())
@@ -499,38 +499,6 @@ fn peer_json(peer: &Peer) -> serde_json::Value {
 
 fn spread_json(s: Spread) -> serde_json::Value {
     json!({ "median": s.median, "min": s.min, "max": s.max })
-}
-
-fn require(binary: &str) -> Result<(), String> {
-    Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(drop)
-        .map_err(|_| {
-            format!(
-                "{binary} is not on PATH: install it with `sudo apt-get install -y redis-tools`"
-            )
-        })
-}
-
-/// Pins the server to core 0 and this process (with the redis-benchmark it
-/// starts later) to core 1. False when it could not (no taskset, one core).
-fn pin(server_pid: u32) -> bool {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores < 2 {
-        return false;
-    }
-    let run = |core: &str, pid: u32| {
-        Command::new("taskset")
-            .args(["-a", "-p", "-c", core, &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    run("0", server_pid) && run("1", std::process::id())
 }
 
 /// The name of the library's single-check function, `tierlimit_check_<id>`,

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 use tierlimit::{BreakerConfig, HybridLimiter, Instances, Rule, RuleSet, Tier};
-use tierlimit_benches::runtime;
+use tierlimit_benches::{pin_server_and_load, redis_tool, runtime};
 use tierlimit_redis::{CHECK, RedisTier, RedisTierConfig};
 use tierlimit_test::RedisServer;
 use tokio::runtime::Runtime;
@@ -150,9 +150,11 @@ fn main() {
         pairs: if quick { 2 } else { 5 },
         sweep_pairs: if quick { 1 } else { 3 },
     };
-    require("redis-benchmark");
+    if let Err(why) = redis_tool("redis-benchmark") {
+        panic!("{why}");
+    }
     let server = RedisServer::start_with(&["--maxclients", "10000"]);
-    let pinned = pin(server.pid());
+    let pinned = pin_server_and_load(server.pid());
     let rt = runtime();
     let stats_conn = rt.block_on(server.conn());
     let admit = RuleSet::new(
@@ -269,37 +271,6 @@ fn main() {
         out_dir.join("redis_load.md").display(),
         svg_path.display()
     );
-}
-
-fn require(binary: &str) {
-    let found = Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    assert!(
-        found,
-        "{binary} not found on PATH: install it with `sudo apt-get install -y redis-tools`"
-    );
-}
-
-/// Pins the server to core 0 and this process (every thread, and the children
-/// it starts later) to core 1. False when it could not (no taskset, one core).
-fn pin(server_pid: u32) -> bool {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores < 2 {
-        return false;
-    }
-    let run = |core: &str, pid: u32| {
-        Command::new("taskset")
-            .args(["-a", "-p", "-c", core, &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    run("0", server_pid) && run("1", std::process::id())
 }
 
 /// The user key of random key `i`: what redis-benchmark's `__rand_int__`
