@@ -90,6 +90,15 @@ def load(results_dir):
     return records
 
 
+def load_optional(results_dir, bench):
+    """The records of `<bench>.jsonl`, or None when that bench did not run
+    (the peer scripts are not in this repository, so their bench may not)."""
+    path = Path(results_dir) / f"{bench}.jsonl"
+    if not path.exists():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def floor_line(rows):
     floors = [r for r in rows if r["kind"] == "script_floor"]
     if not floors:
