@@ -26,8 +26,12 @@
 --                             a window counter hash {w, c, p} rolled to window
 --                             `cur`: a window that has passed clears c, and
 --                             when keep_previous the one just before becomes p;
---   window_store(key, w, c, p, ttl_us)
---                             writes it back (p nil for a fixed window).
+--                             returns w, c, p and kept: whether the key holds
+--                             window w already (then its TTL is w's);
+--   window_store(key, w, c, p, ttl_us, kept)
+--                             writes it back (p nil: not written); when kept,
+--                             only c (and p) and not the TTL, which the write
+--                             that started window w set to the same instant.
 --
 -- Example: with TIME = {1700000000, 123456}, script_now('0') returns
 -- 1700000000123456; script_now('42') returns 42.
@@ -148,18 +152,29 @@ local function window_load(key, cur, keep_previous)
   if not keep_previous then
     p = 0
     if w == nil or w < cur then
-      return cur, 0, 0
+      return cur, 0, 0, false
     end
   elseif w == nil or w < cur - 1 then
-    return cur, 0, 0
+    return cur, 0, 0, false
   elseif w == cur - 1 then
-    return cur, 0, c
+    return cur, 0, c, false
   end
   -- w > cur only when a client clock lags the last writer's: keep counting in w.
-  return w, c, p
+  return w, c, p, true
 end
 
-local function window_store(key, w, c, p, ttl_us)
+-- A window's key expires at a fixed instant (its end, or a period after it):
+-- the write that starts the window sets it, and later writes in the same
+-- window leave it, and w, as they are (one PEXPIRE and two fields fewer).
+local function window_store(key, w, c, p, ttl_us, kept)
+  if kept then
+    if p then
+      redis.call('HSET', key, 'c', string.format('%d', c), 'p', string.format('%d', p))
+    else
+      redis.call('HSET', key, 'c', string.format('%d', c))
+    end
+    return
+  end
   if p then
     redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', c),
       'p', string.format('%d', p))

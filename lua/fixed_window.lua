@@ -18,21 +18,22 @@
 --
 -- Example: on an empty key 15 s into a natural hour (offset 0),
 -- fixed_window_check(key, now, 1, 10, 3600000000, 10, 0) returns true, 9,
--- 3585000000, 0, {w, 1, 3585000000}, 0: 9 left until the hour ends.
+-- 3585000000, 0, {w, 1, 3585000000, false}, 0: 9 left until the hour ends
+-- (false: the key held no window yet, so the commit sets its TTL).
 
 local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
-  local w, c = window_load(key, math.floor((now + offset) / period), false)
+  local w, c, _, kept = window_load(key, math.floor((now + offset) / period), false)
   local left = (w + 1) * period - offset - now
   local reset_now = 0
   if c > 0 then
     reset_now = left
   end
   if c + cost <= limit then
-    return true, limit - c - cost, left, 0, { w, c + cost, left }, reset_now
+    return true, limit - c - cost, left, 0, { w, c + cost, left, kept }, reset_now
   end
   return false, math.max(0, limit - c), left, left, nil, left
 end
 
 local function fixed_window_commit(key, now, cost, nonce, state)
-  window_store(key, state[1], state[2], nil, state[3])
+  window_store(key, state[1], state[2], nil, state[3], state[4])
 end

@@ -174,7 +174,7 @@ elseif code == 4 or code == 5 then
   if sliding then
     offset = 0
   end
-  local w, c, p = window_load(key, math.floor((now + offset) / period), sliding)
+  local w, c, p, kept = window_load(key, math.floor((now + offset) / period), sliding)
   -- A clock ahead of the server's can put the units in a window not begun here: count them now.
   local ew = math.min(math.floor((last + offset) / period), w)
   if ew == w then
@@ -189,9 +189,9 @@ elseif code == 4 or code == 5 then
   if status == 1 then
     local window_end = (w + 1) * period - offset - now
     if sliding then
-      window_store(key, w, c, p, window_end + period)
+      window_store(key, w, c, p, window_end + period, kept)
     else
-      window_store(key, w, c, nil, window_end)
+      window_store(key, w, c, nil, window_end, kept)
     end
   end
 else

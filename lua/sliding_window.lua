@@ -32,12 +32,12 @@
 --
 -- Example: on an empty key 15 s into a minute window,
 -- sliding_window_check(key, now, 1, 10, 60000000) returns true, 9, 105000000, 0,
--- {w, 1, 0, 105000000}, 0.
+-- {w, 1, 0, 105000000, false}, 0 (false: the key held no window yet).
 
 local SW_SLACK = 1e-9
 
 local function sliding_window_check(key, now, cost, limit, period)
-  local w, c, p = window_load(key, math.floor(now / period), true)
+  local w, c, p, kept = window_load(key, math.floor(now / period), true)
   local elapsed = now - w * period
   if elapsed < 0 then
     elapsed = 0
@@ -52,7 +52,7 @@ local function sliding_window_check(key, now, cost, limit, period)
   end
   if estimate + cost <= limit + SW_SLACK then
     local remaining = math.max(0, math.floor(limit - estimate - cost + SW_SLACK))
-    return true, remaining, left + period, 0, { w, c + cost, p, left + period }, reset_now
+    return true, remaining, left + period, 0, { w, c + cost, p, left + period, kept }, reset_now
   end
   local room = limit - cost
   local retry
@@ -68,5 +68,10 @@ local function sliding_window_check(key, now, cost, limit, period)
 end
 
 local function sliding_window_commit(key, now, cost, nonce, state)
-  window_store(key, state[1], state[2], state[3], state[4])
+  -- A window already begun here keeps its p: only c changes.
+  local p = state[3]
+  if state[5] then
+    p = nil
+  end
+  window_store(key, state[1], state[2], p, state[4], state[5])
 end
