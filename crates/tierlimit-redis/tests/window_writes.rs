@@ -61,7 +61,10 @@ async fn two_windows(algorithm: Algorithm) -> ((u64, i64), (u64, i64)) {
 #[tokio::test]
 async fn a_fixed_window_sets_its_ttl_once_per_window() {
     let ((pexpires, ttl), (pexpires_next, ttl_next)) = two_windows(Algorithm::FixedWindow).await;
-    assert_eq!(pexpires, 1, "one PEXPIRE for three admissions in one window");
+    assert_eq!(
+        pexpires, 1,
+        "one PEXPIRE for three admissions in one window"
+    );
     // 1 s left in the window (client time; the bounds leave real time room to pass).
     assert!((500..=1_000).contains(&ttl), "PTTL {ttl} ms");
     assert_eq!(pexpires_next, 2, "the next window sets the TTL again");
@@ -71,9 +74,11 @@ async fn a_fixed_window_sets_its_ttl_once_per_window() {
 
 #[tokio::test]
 async fn a_sliding_window_sets_its_ttl_once_per_window() {
-    let ((pexpires, ttl), (pexpires_next, ttl_next)) =
-        two_windows(Algorithm::SlidingWindow).await;
-    assert_eq!(pexpires, 1, "one PEXPIRE for three admissions in one window");
+    let ((pexpires, ttl), (pexpires_next, ttl_next)) = two_windows(Algorithm::SlidingWindow).await;
+    assert_eq!(
+        pexpires, 1,
+        "one PEXPIRE for three admissions in one window"
+    );
     // The window's count matters until a period after its end: 1 s + 10 s.
     assert!((10_000..=11_000).contains(&ttl), "PTTL {ttl} ms");
     assert_eq!(pexpires_next, 2, "the next window sets the TTL again");

@@ -702,6 +702,7 @@ impl HybridLimiter {
     /// Everything a check decides without waiting: bad input, a cached
     /// denial, the settling bound, and the policy while the breaker keeps
     /// Redis out. Synchronous, so the local paths cost no future of their own.
+    #[inline(always)]
     fn decide_here<'k>(
         &self,
         key: &'k str,
@@ -1014,6 +1015,7 @@ impl Inner {
         changed
     }
 
+    #[inline(always)]
     fn count(&self, set: &RuleSet, decision: Decision) -> Decision {
         self.labels.decision(set, &decision);
         decision
@@ -1033,6 +1035,7 @@ impl Inner {
     /// Local fallback needs this instance's share, so while the instance count
     /// is unknown (never learned, nothing assumed) the overflow policy answers,
     /// as it does when the local tier has no room for the key.
+    #[inline(always)]
     fn fallback(
         &self,
         escaped: &str,
