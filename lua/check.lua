@@ -54,6 +54,8 @@
 --   EVALSHA <sha> 1 tl:{user-1}:api:g60000000 0 1 42 1 10 60000000 10 0
 --   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
 
+if floor == nil then bind_std() end
+
 local rules = #KEYS
 if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')

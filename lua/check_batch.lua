@@ -33,6 +33,8 @@
 --   -> 1) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
 --      2) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
 
+if floor == nil then bind_std() end
+
 local n = int_arg('check batch', 'the number of requests', ARGV[1], 1, 1000)
 local g = int_arg('check batch', 'the number of rule sets', ARGV[2], 1, n)
 
@@ -63,12 +65,15 @@ local set_of = {}
 for s = 1, g do
   set_of[tostring(s)] = s
 end
-local layout = {}
+-- Request j's keys start after KEYS[k_at[j]], its arguments after
+-- ARGV[a_at[j]], and its rule set is s_at[j]: three arrays, not a table per
+-- request.
+local k_at, s_at, a_at = {}, {}, {}
 local k = 0
 for j = 1, n do
   local s = set_of[ARGV[a + 1]]
     or int_arg('check batch', 'the rule set of request ' .. j, ARGV[a + 1], 1, g)
-  layout[j] = { k, s, a + 1 }
+  k_at[j], s_at[j], a_at[j] = k, s, a + 1
   k = k + sets[s][1]
   a = a + 4
 end
@@ -94,13 +99,12 @@ end
 
 local replies = {}
 for j = 1, n do
-  local l = layout[j]
-  local ok, reply = pcall(batch_one, l[1], sets[l[2]], l[3])
+  local ok, reply = pcall(batch_one, k_at[j], sets[s_at[j]], a_at[j])
   if ok then
     replies[j] = reply
   elseif type(reply) == 'table' and reply.err then
     replies[j] = reply
-  elseif type(reply) == 'string' and string.match(reply, '^%u+ ') then
+  elseif type(reply) == 'string' and match(reply, '^%u+ ') then
     -- A command's error raised through pcall is its bare reply text
     -- ("OOM command not allowed ..."): keep its code, as a lone call would.
     replies[j] = { err = reply }

@@ -7,11 +7,11 @@
 -- Reply: none; it defines
 --   refuse(script, msg)       raises the error reply "ERR tierlimit <script>:
 --                             <msg>"; called only before a script's first write;
---   int_arg(script, name, s, min, max)
+--   int_arg(script, name, s, lo, hi)
 --                             s as a number when it is a decimal integer
 --                             string (optional minus, at most 16 digits: no
 --                             hex, exponent, fraction, nan or inf) within
---                             [min, max], else refuse;
+--                             [lo, hi], else refuse;
 --   rule_args(script, a)      the five arguments of one rule at ARGV[a + 1 ..
 --                             a + 5] (code, limit, period_us, capacity,
 --                             utc_offset_us), checked against the same bounds
@@ -36,6 +36,18 @@
 -- Example: with TIME = {1700000000, 123456}, script_now('0') returns
 -- 1700000000123456; script_now('42') returns 42.
 
+-- The standard functions the fragments use, as locals: a global is a table
+-- lookup on every use (two for math.floor), a local is not. A Functions
+-- library cannot reach math or string while it loads, so every main body
+-- (check.lua, check_batch.lua, reconcile.lua, heartbeat.lua) binds them
+-- first: `if floor == nil then bind_std() end`, on every call of a script
+-- and on the first call of a library's function.
+local floor, ceil, max, min, format, match, sub
+local function bind_std()
+  floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+  format, match, sub = string.format, string.match, string.sub
+end
+
 -- The bounds of tierlimit_core (rule.rs), so a call by hand meets the same
 -- rules as one from Rust:
 --   MAX_EXACT              2^53, the largest integer a double holds exactly;
@@ -59,14 +71,14 @@ local function refuse(script, msg)
   error({ err = 'ERR tierlimit ' .. script .. ': ' .. msg })
 end
 
-local function int_arg(script, name, s, min, max)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^%-?%d+$') then
+local function int_arg(script, name, s, lo, hi)
+  if type(s) ~= 'string' or #s > 17 or not match(s, '^%-?%d+$') then
     refuse(script, name .. ' must be a decimal integer, got "'
-      .. string.sub(tostring(s), 1, 40) .. '"')
+      .. sub(tostring(s), 1, 40) .. '"')
   end
   local n = tonumber(s)
-  if n < min or n > max then
-    refuse(script, string.format('%s must be in [%d, %d], got %s', name, min, max, s))
+  if n < lo or n > hi then
+    refuse(script, format('%s must be in [%d, %d], got %s', name, lo, hi, s))
   end
   return n
 end
@@ -143,7 +155,7 @@ local function script_now(arg)
 end
 
 local function pexpire_us(key, us)
-  redis.call('PEXPIRE', key, string.format('%d', math.max(1, math.ceil(us / 1000))))
+  redis.call('PEXPIRE', key, format('%d', max(1, ceil(us / 1000))))
 end
 
 local function window_load(key, cur, keep_previous)
@@ -169,17 +181,17 @@ end
 local function window_store(key, w, c, p, ttl_us, kept)
   if kept then
     if p then
-      redis.call('HSET', key, 'c', string.format('%d', c), 'p', string.format('%d', p))
+      redis.call('HSET', key, 'c', format('%d', c), 'p', format('%d', p))
     else
-      redis.call('HSET', key, 'c', string.format('%d', c))
+      redis.call('HSET', key, 'c', format('%d', c))
     end
     return
   end
   if p then
-    redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', c),
-      'p', string.format('%d', p))
+    redis.call('HSET', key, 'w', format('%d', w), 'c', format('%d', c),
+      'p', format('%d', p))
   else
-    redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', c))
+    redis.call('HSET', key, 'w', format('%d', w), 'c', format('%d', c))
   end
   pexpire_us(key, ttl_us)
 end

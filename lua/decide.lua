@@ -25,6 +25,9 @@
 local CHECKS = {
   gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
 }
+-- <alg>_commit(key, now, cost, nonce, state, rule) writes what its check
+-- found (`state`); `rule` is the rule's { code, limit, period, capacity,
+-- offset }.
 local COMMITS = {
   gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
 }
@@ -91,7 +94,7 @@ end
 -- written); any other error is raised as it came.
 local function read_failed(k0, i, code, err)
   local text = type(err) == 'table' and err.err or tostring(err)
-  if string.sub(text, 1, 9) == 'WRONGTYPE' then
+  if sub(text, 1, 9) == 'WRONGTYPE' then
     return redis.error_reply('WRONGTYPE tierlimit check: KEYS[' .. (k0 + i)
       .. '] holds another type than algorithm ' .. code .. ' stores; nothing was written')
   end
@@ -109,7 +112,7 @@ local function decide_one(k0, a, now, cost, nonce)
     return read_failed(k0, 1, code, ok)
   end
   if ok then
-    COMMITS[code](key, now, cost, nonce, state)
+    COMMITS[code](key, now, cost, nonce, state, a)
     return { 1, 0, 0, now, remaining, reset }
   end
   return { 0, 0, retry, now, remaining, reset }
@@ -144,7 +147,7 @@ local function decide(k0, rules, args, now, cost, nonce)
     local fewest = nil
     for i = 1, rules do
       local o = outcome[i]
-      COMMITS[o[7]](KEYS[k0 + i], now, cost, nonce, o[5])
+      COMMITS[o[7]](KEYS[k0 + i], now, cost, nonce, o[5], args[i])
       if fewest == nil or o[2] < fewest then
         fewest = o[2]
         reply[2] = i - 1

@@ -22,7 +22,7 @@
 -- (false: the key held no window yet, so the commit sets its TTL).
 
 local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
-  local w, c, _, kept = window_load(key, math.floor((now + offset) / period), false)
+  local w, c, _, kept = window_load(key, floor((now + offset) / period), false)
   local left = (w + 1) * period - offset - now
   local reset_now = 0
   if c > 0 then
@@ -31,7 +31,7 @@ local function fixed_window_check(key, now, cost, limit, period, capacity, offse
   if c + cost <= limit then
     return true, limit - c - cost, left, 0, { w, c + cost, left, kept }, reset_now
   end
-  return false, math.max(0, limit - c), left, left, nil, left
+  return false, max(0, limit - c), left, left, nil, left
 end
 
 local function fixed_window_commit(key, now, cost, nonce, state)

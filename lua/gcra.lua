@@ -6,8 +6,9 @@
 -- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
 --       (the burst); no UTC offset.
 -- Reply: gcra_check returns ok, remaining, reset_after_us, retry_after_us,
---        state (what gcra_commit writes), reset_now_us (reset_after as things
---        stand, before this request).
+--        state (the new TAT - now, which gcra_commit writes under the rule's
+--        limit), reset_now_us (reset_after as things stand, before this
+--        request).
 --
 -- State: one string value, "<TAT>@<limit>": the theoretical arrival time
 -- (TAT) in microseconds since the Unix epoch, and the limit it was written
@@ -41,7 +42,7 @@
 -- microsecond, and then it moves by that one microsecond at most.
 --
 -- Example: on an empty key, gcra_check(key, now, 1, 10, 60000000, 10) (10 per
--- minute, cost 1) returns true, 9, 6000000, 0, {6000000, 10}, 0: admitted, 9
+-- minute, cost 1) returns true, 9, 6000000, 0, 6000000, 0: admitted, 9
 -- left, full again in 6 s.
 
 local GCRA_SLACK_US = 1e-3
@@ -53,14 +54,14 @@ local GCRA_SLACK_US = 1e-3
 local function gcra_load(key, now, limit)
   local stored = redis.call('GET', key)
   if stored then
-    local whole, frac, written = string.match(stored, '^(%d+)(%.?%d*)@(%d+)$')
+    local whole, frac, written = match(stored, '^(%d+)(%.?%d*)@(%d+)$')
     if whole then
       local rel = tonumber(whole) - now + (tonumber(frac) or 0)
       written = tonumber(written)
       if rel > 0 and written ~= limit and written > 0 then
         -- Bounded as a rule's own refill is (common.lua), so now + rel stays
         -- exact; only a limit cut by many orders of magnitude reaches it.
-        return math.min(rel * written / limit, MAX_REFILL_US), written / limit
+        return min(rel * written / limit, MAX_REFILL_US), written / limit
       end
       return rel, 1
     end
@@ -71,17 +72,17 @@ end
 -- Stores TAT = now + rel (rel > 0) under `limit`, expiring when the bucket is
 -- full again.
 local function gcra_store(key, now, rel, limit)
-  local whole = math.floor(rel)
+  local whole = floor(rel)
   -- '%.17f' never prints an exponent; drop its leading '0'. A whole TAT (an
   -- interval of whole microseconds) is written without a fraction: the same
   -- value, read back the same by gcra_load, without the format.
   local frac = ''
   if rel > whole then
-    frac = string.sub(string.format('%.17f', rel - whole), 2)
+    frac = sub(format('%.17f', rel - whole), 2)
   end
-  local ttl_ms = math.max(1, math.ceil((rel - GCRA_SLACK_US) / 1000))
-  redis.call('SET', key, string.format('%d', now + whole) .. frac .. '@'
-    .. string.format('%d', limit), 'PX', string.format('%d', ttl_ms))
+  local ttl_ms = max(1, ceil((rel - GCRA_SLACK_US) / 1000))
+  redis.call('SET', key, format('%d', now + whole) .. frac .. '@'
+    .. format('%d', limit), 'PX', format('%d', ttl_ms))
 end
 
 local function gcra_check(key, now, cost, limit, period, capacity)
@@ -89,26 +90,26 @@ local function gcra_check(key, now, cost, limit, period, capacity)
   local tau = capacity * t
   -- rel = TAT - now, never negative: a TAT in the past means a full bucket.
   local rel, drain = gcra_load(key, now, limit)
-  rel = math.max(0, rel or 0)
+  rel = max(0, rel or 0)
   local new_rel = rel + cost * t
   -- Times until the state is rewritten: a TAT written under another limit
   -- drains `drain` times as fast as one written under this one.
-  local reset_now = math.max(0, math.ceil(rel / drain - GCRA_SLACK_US))
+  local reset_now = max(0, ceil(rel / drain - GCRA_SLACK_US))
   if new_rel <= tau + GCRA_SLACK_US then
-    local remaining = math.floor((tau - new_rel + GCRA_SLACK_US) / t)
-    return true, remaining, math.ceil(new_rel - GCRA_SLACK_US), 0, { new_rel, limit }, reset_now
+    local remaining = floor((tau - new_rel + GCRA_SLACK_US) / t)
+    return true, remaining, ceil(new_rel - GCRA_SLACK_US), 0, new_rel, reset_now
   end
-  local remaining = math.floor((tau - rel + GCRA_SLACK_US) / t)
+  local remaining = floor((tau - rel + GCRA_SLACK_US) / t)
   if remaining < 0 then
     remaining = 0
   end
-  local retry = math.ceil((new_rel - tau) / drain - GCRA_SLACK_US)
+  local retry = ceil((new_rel - tau) / drain - GCRA_SLACK_US)
   if retry < 1 then
     retry = 1
   end
   return false, remaining, reset_now, retry, nil, reset_now
 end
 
-local function gcra_commit(key, now, cost, nonce, state)
-  gcra_store(key, now, state[1], state[2])
+local function gcra_commit(key, now, cost, nonce, state, rule)
+  gcra_store(key, now, state, rule[2])
 end

@@ -16,15 +16,17 @@
 -- Example: EVALSHA <sha> 1 tl:{instances}:default 0 9f3c-412 3000000 -> 3
 -- (three instances have beaten within their TTL).
 
+if floor == nil then bind_std() end
+
 local now = script_now(ARGV[1])
 local ttl = tonumber(ARGV[3])
 if ttl == nil or ttl < 1 then
   return redis.error_reply('ERR tierlimit heartbeat: ttl_us must be a positive integer')
 end
 
-redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+redis.call('ZADD', KEYS[1], format('%d', now + ttl), ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', format('%d', now))
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local keep_us = tonumber(last[2]) - now
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(1, math.ceil(keep_us / 1000))))
+redis.call('PEXPIRE', KEYS[1], format('%d', max(1, ceil(keep_us / 1000))))
 return redis.call('ZCARD', KEYS[1])

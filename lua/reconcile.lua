@@ -57,6 +57,8 @@
 --     0 1 10 60000000 10 0 3 <first_us> <last_us> 120000 b1
 --   -> 1) 1  2) 3     (the same call again -> 1) 0  2) 0)
 
+if floor == nil then bind_std() end
+
 local key, marker = KEYS[1], KEYS[2]
 if #KEYS ~= 2 or #ARGV ~= 11 then
   return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 11 arguments')
@@ -68,7 +70,7 @@ local code, limit, period, capacity, offset = unpack(rule_args('reconcile', 1))
 local units = int_arg('reconcile', 'units', ARGV[7], 1, MAX_EXACT - 1)
 local first = int_arg('reconcile', 'first_us', ARGV[8], 0, MAX_EXACT)
 local last = int_arg('reconcile', 'last_us', ARGV[9], first, MAX_EXACT)
-local marker_ttl = string.format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[10], 1, MAX_TTL_MS))
+local marker_ttl = format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[10], 1, MAX_TTL_MS))
 local batch = ARGV[11]
 if #batch == 0 or #batch > 512 then
   refuse('reconcile', 'the batch id must be 1 to 512 bytes')
@@ -98,8 +100,8 @@ local now = script_now(ARGV[1])
 local function debt_after(rel)
   rel = rel or -math.huge
   local t = period / limit
-  local start = math.max(rel, first - now)
-  return math.min(start + units * t, math.max(capacity * t, rel))
+  local start = max(rel, first - now)
+  return min(start + units * t, max(capacity * t, rel))
 end
 
 local status, applied = 1, units
@@ -128,7 +130,7 @@ if code == 1 or code == 2 then
   end
 elseif code == 3 then
   local since = now - period
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', since))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', since))
   local room = limit - redis.call('ZCARD', key)
   -- Unit j was admitted at at(j), spread evenly over [first, last]; at() never
   -- decreases (each double operation rounds monotonically), so the units still
@@ -138,11 +140,11 @@ elseif code == 3 then
     if units == 1 then
       return first
     end
-    return first + math.floor((last - first) * (j - 1) / (units - 1))
+    return first + floor((last - first) * (j - 1) / (units - 1))
   end
   local lo, hi = 1, units + 1
   while lo < hi do
-    local mid = lo + math.floor((hi - lo) / 2)
+    local mid = lo + floor((hi - lo) / 2)
     if at(mid) > since then
       hi = mid
     else
@@ -150,14 +152,14 @@ elseif code == 3 then
     end
   end
   -- The oldest units still inside the window, up to the room the log has.
-  local stop = math.min(units, lo + room - 1)
+  local stop = min(units, lo + room - 1)
   applied = 0
   if stop >= lo then
     applied = stop - lo + 1
     local args = {}
     for j = lo, stop do
-      args[#args + 1] = string.format('%d', at(j))
-      args[#args + 1] = 'rc:' .. batch .. ':' .. string.format('%d', j)
+      args[#args + 1] = format('%d', at(j))
+      args[#args + 1] = 'rc:' .. batch .. ':' .. format('%d', j)
       if #args >= 2 * SLIDING_LOG_BATCH or j == stop then
         redis.call('ZADD', key, unpack(args))
         args = {}
@@ -167,21 +169,21 @@ elseif code == 3 then
   if applied == 0 then
     status = 2
   else
-    pexpire_us(key, math.max(redis.call('PTTL', key) * 1000, at(stop) + period - now))
+    pexpire_us(key, max(redis.call('PTTL', key) * 1000, at(stop) + period - now))
   end
 elseif code == 4 or code == 5 then
   local sliding = code == 4
   if sliding then
     offset = 0
   end
-  local w, c, p, kept = window_load(key, math.floor((now + offset) / period), sliding)
+  local w, c, p, kept = window_load(key, floor((now + offset) / period), sliding)
   -- A clock ahead of the server's can put the units in a window not begun here: count them now.
-  local ew = math.min(math.floor((last + offset) / period), w)
+  local ew = min(floor((last + offset) / period), w)
   if ew == w then
-    applied = math.min(units, math.max(0, limit - c))
+    applied = min(units, max(0, limit - c))
     c = c + applied
   elseif sliding and ew == w - 1 then
-    applied = math.min(units, math.max(0, limit - p))
+    applied = min(units, max(0, limit - p))
     p = p + applied
   else
     status, applied = 2, 0

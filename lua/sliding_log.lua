@@ -38,13 +38,13 @@ local function sliding_log_newest(key)
 end
 
 local function sliding_log_check(key, now, cost, limit, period)
-  local since = '(' .. string.format('%d', now - period)
+  local since = '(' .. format('%d', now - period)
   local count = redis.call('ZCOUNT', key, since, '+inf')
   local newest = nil
   local reset_now = 0
   if count > 0 then
     newest = sliding_log_newest(key)
-    reset_now = math.max(0, newest + period - now)
+    reset_now = max(0, newest + period - now)
   end
   if count + cost <= limit then
     local keep_until = now
@@ -57,15 +57,15 @@ local function sliding_log_check(key, now, cost, limit, period)
   end
   -- Denied: the (count + cost - limit) oldest units must leave first.
   local entry = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES',
-    'LIMIT', string.format('%d', count + cost - limit - 1), 1)
-  local retry = math.max(1, tonumber(entry[2]) + period - now)
-  return false, math.max(0, limit - count), reset_now, retry, nil, reset_now
+    'LIMIT', format('%d', count + cost - limit - 1), 1)
+  local retry = max(1, tonumber(entry[2]) + period - now)
+  return false, max(0, limit - count), reset_now, retry, nil, reset_now
 end
 
 local function sliding_log_commit(key, now, cost, nonce, state)
   local period, keep_until = state[1], state[2]
-  local score = string.format('%d', now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+  local score = format('%d', now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - period))
   local prefix = score .. ':' .. nonce .. ':'
   local args = {}
   for j = 1, cost do
@@ -77,5 +77,5 @@ local function sliding_log_commit(key, now, cost, nonce, state)
     end
   end
   redis.call('PEXPIRE', key,
-    string.format('%d', math.max(1, math.ceil((keep_until + period - now) / 1000))))
+    format('%d', max(1, ceil((keep_until + period - now) / 1000))))
 end

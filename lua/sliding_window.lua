@@ -37,7 +37,7 @@
 local SW_SLACK = 1e-9
 
 local function sliding_window_check(key, now, cost, limit, period)
-  local w, c, p, kept = window_load(key, math.floor(now / period), true)
+  local w, c, p, kept = window_load(key, floor(now / period), true)
   local elapsed = now - w * period
   if elapsed < 0 then
     elapsed = 0
@@ -51,20 +51,20 @@ local function sliding_window_check(key, now, cost, limit, period)
     reset_now = left
   end
   if estimate + cost <= limit + SW_SLACK then
-    local remaining = math.max(0, math.floor(limit - estimate - cost + SW_SLACK))
+    local remaining = max(0, floor(limit - estimate - cost + SW_SLACK))
     return true, remaining, left + period, 0, { w, c + cost, p, left + period, kept }, reset_now
   end
   local room = limit - cost
   local retry
   if c <= room then
     -- Still in this window (then p > 0): wait until p's weight has shrunk enough.
-    retry = math.ceil(left - (room - c) * period / p)
+    retry = ceil(left - (room - c) * period / p)
   else
     -- Only the next window can admit it, once c (then its p) weighs little enough.
-    retry = left + math.max(0, math.ceil(period - room * period / c))
+    retry = left + max(0, ceil(period - room * period / c))
   end
-  local remaining = math.max(0, math.floor(limit - estimate + SW_SLACK))
-  return false, remaining, reset_now, math.max(1, retry), nil, reset_now
+  local remaining = max(0, floor(limit - estimate + SW_SLACK))
+  return false, remaining, reset_now, max(1, retry), nil, reset_now
 end
 
 local function sliding_window_commit(key, now, cost, nonce, state)

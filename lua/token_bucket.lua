@@ -43,35 +43,35 @@ local function token_bucket_load(key, now, limit, period)
   if not (used and at) then
     return 0, now
   end
-  used = math.min(used, MAX_REFILL_US * limit / period)
+  used = min(used, MAX_REFILL_US * limit / period)
   if now > at then
     -- Multiply before dividing: elapsed * limit is exact below 2^53.
-    return math.max(0, used - (now - at) * limit / period), now
+    return max(0, used - (now - at) * limit / period), now
   end
   -- A client clock behind the last writer's: no refill, keep its ts.
   return used, at
 end
 
 local function token_bucket_store(key, used, ts, ttl_us)
-  redis.call('HSET', key, 'used', string.format('%.17g', used), 'ts', string.format('%d', ts))
+  redis.call('HSET', key, 'used', format('%.17g', used), 'ts', format('%d', ts))
   pexpire_us(key, ttl_us)
 end
 
 local function token_bucket_check(key, now, cost, limit, period, capacity)
   local used, ts = token_bucket_load(key, now, limit, period)
   local tokens = capacity - used
-  local reset_now = math.max(0, math.ceil(used * period / limit - TB_SLACK))
+  local reset_now = max(0, ceil(used * period / limit - TB_SLACK))
   if tokens + TB_SLACK >= cost then
     -- Not clamped at capacity: a shortfall within the slack is paid back by
     -- the next refill.
     local after = used + cost
     -- ts > now only when a client clock lags the last writer's: refill starts at ts.
-    local reset = (ts - now) + math.ceil(after * period / limit - TB_SLACK)
-    local remaining = math.max(0, math.floor(tokens - cost + TB_SLACK))
+    local reset = (ts - now) + ceil(after * period / limit - TB_SLACK)
+    local remaining = max(0, floor(tokens - cost + TB_SLACK))
     return true, remaining, reset, 0, { after, ts, reset }, reset_now
   end
-  local retry = math.max(1, math.ceil((cost - tokens - TB_SLACK) * period / limit))
-  return false, math.max(0, math.floor(tokens + TB_SLACK)), reset_now, retry, nil, reset_now
+  local retry = max(1, ceil((cost - tokens - TB_SLACK) * period / limit))
+  return false, max(0, floor(tokens + TB_SLACK)), reset_now, retry, nil, reset_now
 end
 
 local function token_bucket_commit(key, now, cost, nonce, state)

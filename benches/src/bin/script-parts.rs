@@ -120,8 +120,8 @@ fn variants() -> Vec<(&'static str, String)> {
     // 1. Argument checks: every int_arg is a bare tonumber.
     let common1 = edit(
         COMMON,
-        "local function int_arg(script, name, s, min, max)\n",
-        "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
+        "local function int_arg(script, name, s, lo, hi)\n",
+        "local function int_arg(script, name, s, lo, hi)\n  do return tonumber(s) end\n",
     );
     let no_checks = joined(&common1, ALGORITHMS[0], DECIDE, BATCH_MAIN);
     // 2. The pcall per check (batch) and per rule (decide).
@@ -130,18 +130,18 @@ fn variants() -> Vec<(&'static str, String)> {
         "pcall(CHECKS[code], key, now,",
         "true, CHECKS[code](key, now,",
     );
-    let main2 = edit(BATCH_MAIN, "pcall(batch_one, l[1]", "true, batch_one(l[1]");
+    let main2 = edit(
+        BATCH_MAIN,
+        "pcall(batch_one, k_at[j]",
+        "true, batch_one(k_at[j]",
+    );
     let no_pcall = joined(&common1, ALGORITHMS[0], &decide2, &main2);
     // 3. The "<TAT>@<limit>" string: store the integer TAT only.
-    let gcra3 = edit(
-        ALGORITHMS[0],
-        "string.sub(string.format('%.17f', rel - whole), 2)",
-        "''",
-    );
+    let gcra3 = edit(ALGORITHMS[0], "sub(format('%.17f', rel - whole), 2)", "''");
     let gcra3 = edit(
         &gcra3,
-        "string.format('%d', now + whole) .. frac .. '@'\n    .. string.format('%d', limit)",
-        "string.format('%d', now + whole)",
+        "format('%d', now + whole) .. frac .. '@'\n    .. format('%d', limit)",
+        "format('%d', now + whole)",
     );
     let no_string = joined(&common1, &gcra3, &decide2, &main2);
     // 4. The four other algorithms' definitions (re-created on every call).
@@ -259,8 +259,8 @@ fn main() {
         .expect("the library's first line names it");
     let lean = edit(
         shipped,
-        "local function int_arg(script, name, s, min, max)\n",
-        "local function int_arg(script, name, s, min, max)\n  do return tonumber(s) end\n",
+        "local function int_arg(script, name, s, lo, hi)\n",
+        "local function int_arg(script, name, s, lo, hi)\n  do return tonumber(s) end\n",
     )
     .replace(id, "lean");
     let minimal = format!(
