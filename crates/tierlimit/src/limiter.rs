@@ -658,10 +658,7 @@ impl HybridLimiter {
         match self.decide_here(key, rule_set, cost, rules.as_deref_mut()) {
             Err(e) => Ok(Err(e)),
             Ok(Here::Decided(decision)) => Ok(Ok(decision)),
-            // Boxed: the Redis call's future is large, and a check's future
-            // that held it inline would be copied whole on every check, the
-            // local ones included.
-            Ok(Here::AskRedis(key)) => Err(Box::pin(self.ask_redis(key, rule_set, cost, rules))),
+            Ok(Here::AskRedis(key)) => Err(self.ask_boxed(key, rule_set, cost, rules)),
         }
     }
 
@@ -695,7 +692,7 @@ impl HybridLimiter {
     ) -> Result<Decision> {
         match self.decide_here(key, rule_set, cost, rules.as_deref_mut())? {
             Here::Decided(decision) => Ok(decision),
-            Here::AskRedis(key) => Box::pin(self.ask_redis(key, rule_set, cost, rules)).await,
+            Here::AskRedis(key) => self.ask_boxed(key, rule_set, cost, rules).await,
         }
     }
 
@@ -726,6 +723,22 @@ impl HybridLimiter {
         }
         let decision = inner.fallback(escaped, rule_set, cost, rules);
         Ok(Here::Decided(inner.count(rule_set, decision)))
+    }
+
+    /// [`ask_redis`](Self::ask_redis)'s future, boxed. Boxed, since it is
+    /// large (the Redis call's state): a check's future that held it inline
+    /// would be copied whole on every check, the local ones included. Out of
+    /// line, since the future is built on the stack before it is boxed: a
+    /// caller that built it would take a frame of its size on every check.
+    #[inline(never)]
+    fn ask_boxed<'a>(
+        &'a self,
+        key: CheckKey<'a>,
+        rule_set: &'a RuleSet,
+        cost: u64,
+        rules: Option<&'a mut Vec<RuleState>>,
+    ) -> BoxedCheck<'a> {
+        Box::pin(self.ask_redis(key, rule_set, cost, rules))
     }
 
     /// A check Redis is asked for (the breaker allows it).
