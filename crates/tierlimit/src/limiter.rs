@@ -762,9 +762,9 @@ impl HybridLimiter {
             (checked.result, checked.counts_call)
         } else {
             let writes = reconcile::writes(&claims);
-            let result = inner
-                .redis
-                .check_after_key(key, rule_set, cost, &writes)
+            // Boxed: rare (this key owes what it admitted locally), and its
+            // future is large, unlike check_key's.
+            let result = Box::pin(inner.redis.check_after_key(key, rule_set, cost, &writes))
                 .await
                 .map(|(verdict, written)| {
                     reconcile::settle(inner, &claims, written);
@@ -1133,6 +1133,27 @@ mod tests {
         assert!(
             std::mem::size_of_val(&fut) <= 64,
             "a check's future takes {} bytes",
+            std::mem::size_of_val(&fut)
+        );
+    }
+
+    /// What a check that asks Redis allocates is a few hundred bytes, not the
+    /// Redis call's state (KBs): most checks under load wait for a batch, and
+    /// the rare paths (a call of its own, a striped set, a write-back) box
+    /// their larger futures themselves.
+    #[test]
+    fn a_redis_checks_boxed_future_is_small() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let limiter = dead_limiter(&rt);
+        let set = RuleSet::new("small", [Rule::per_second(10).expect("valid")]).expect("valid");
+        let key = CheckKey::new("user-1").expect("a valid key");
+        let fut = limiter.ask_redis(key, &set, 1, None);
+        assert!(
+            std::mem::size_of_val(&fut) <= 1024,
+            "the Redis path's future takes {} bytes",
             std::mem::size_of_val(&fut)
         );
     }
