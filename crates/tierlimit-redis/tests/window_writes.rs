@@ -28,10 +28,14 @@ async fn pttl_ms(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL")
 }
 
-/// Checks three times in a window and once in the next one, with `algorithm`;
-/// returns the `PEXPIRE` calls and the key's PTTL after the first window's
-/// checks and after the next window's.
-async fn two_windows(algorithm: Algorithm) -> ((u64, i64), (u64, i64)) {
+/// Checks three times in a window, then once in the next one, with
+/// `algorithm`; asserts one `PEXPIRE` per window, and the key's PTTL (ms)
+/// after each window's checks within `first` and `next`.
+async fn ttl_once_per_window(
+    algorithm: Algorithm,
+    first: std::ops::RangeInclusive<i64>,
+    next: std::ops::RangeInclusive<i64>,
+) {
     let server = RedisServer::start();
     let period_us = PERIOD.as_micros() as u64;
     let now = SystemClock.unix_micros();
@@ -44,43 +48,36 @@ async fn two_windows(algorithm: Algorithm) -> ((u64, i64), (u64, i64)) {
         let v = tier.check("k", &set, 1).await.expect("check");
         assert!(v.decision.allowed);
     }
-    let first = (
+    assert_eq!(
         server.command_calls("pexpire").await,
-        pttl_ms(&server, &key).await,
+        1,
+        "one PEXPIRE for three admissions in one window"
     );
+    // The bounds leave real time room to pass (a few ms here).
+    let ttl = pttl_ms(&server, &key).await;
+    assert!(first.contains(&ttl), "PTTL {ttl} ms, expected {first:?}");
+
     clock.advance(Duration::from_secs(2));
     let v = tier.check("k", &set, 1).await.expect("check");
     assert!(v.decision.allowed);
-    let next = (
+    assert_eq!(
         server.command_calls("pexpire").await,
-        pttl_ms(&server, &key).await,
+        2,
+        "the next window sets the TTL again"
     );
-    (first, next)
+    let ttl = pttl_ms(&server, &key).await;
+    assert!(next.contains(&ttl), "PTTL {ttl} ms, expected {next:?}");
 }
 
 #[tokio::test]
 async fn a_fixed_window_sets_its_ttl_once_per_window() {
-    let ((pexpires, ttl), (pexpires_next, ttl_next)) = two_windows(Algorithm::FixedWindow).await;
-    assert_eq!(
-        pexpires, 1,
-        "one PEXPIRE for three admissions in one window"
-    );
-    // 1 s left in the window (client time; the bounds leave real time room to pass).
-    assert!((500..=1_000).contains(&ttl), "PTTL {ttl} ms");
-    assert_eq!(pexpires_next, 2, "the next window sets the TTL again");
-    // 9 s left in the next window.
-    assert!((8_000..=9_000).contains(&ttl_next), "PTTL {ttl_next} ms");
+    // 1 s left in the first window, then 9 s in the next.
+    ttl_once_per_window(Algorithm::FixedWindow, 500..=1_000, 8_000..=9_000).await;
 }
 
 #[tokio::test]
 async fn a_sliding_window_sets_its_ttl_once_per_window() {
-    let ((pexpires, ttl), (pexpires_next, ttl_next)) = two_windows(Algorithm::SlidingWindow).await;
-    assert_eq!(
-        pexpires, 1,
-        "one PEXPIRE for three admissions in one window"
-    );
-    // The window's count matters until a period after its end: 1 s + 10 s.
-    assert!((10_000..=11_000).contains(&ttl), "PTTL {ttl} ms");
-    assert_eq!(pexpires_next, 2, "the next window sets the TTL again");
-    assert!((18_000..=19_000).contains(&ttl_next), "PTTL {ttl_next} ms");
+    // A window's count matters until a period after its end: 1 s + 10 s,
+    // then 9 s + 10 s.
+    ttl_once_per_window(Algorithm::SlidingWindow, 10_000..=11_000, 18_000..=19_000).await;
 }
