@@ -726,10 +726,11 @@ impl HybridLimiter {
     }
 
     /// [`ask_redis`](Self::ask_redis)'s future, boxed. Boxed, since it is
-    /// large (the Redis call's state): a check's future that held it inline
-    /// would be copied whole on every check, the local ones included. Out of
-    /// line, since the future is built on the stack before it is boxed: a
-    /// caller that built it would take a frame of its size on every check.
+    /// hundreds of bytes against a check's few words: a check's future that
+    /// held it inline would be copied whole on every check, the local ones
+    /// included. Out of line, since the future is built on the stack before
+    /// it is boxed: a caller that built it would take a frame of its size on
+    /// every check.
     #[inline(never)]
     fn ask_boxed<'a>(
         &'a self,
