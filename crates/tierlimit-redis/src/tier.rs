@@ -283,7 +283,7 @@ impl RedisTier {
     /// see there.
     pub async fn check_key(&self, key: &CheckKey<'_>, set: &RuleSet, cost: u64) -> Checked {
         if set.stripes() > 1 {
-            return Box::pin(self.check_striped(key, set, cost)).await;
+            return self.check_striped(key, set, cost).await;
         }
         self.check_whole(key, set, cost).await
     }
@@ -313,7 +313,7 @@ impl RedisTier {
         let batcher = self.batcher(key.escaped());
         if !batcher.enabled() {
             return Checked {
-                result: Box::pin(self.check_alone(key.escaped(), set, cost, now, nonce)).await,
+                result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
                 counts_call: true,
             };
         }
@@ -331,7 +331,7 @@ impl RedisTier {
             Entry::Send => {
                 let _flight = Flight(self, batcher);
                 Checked {
-                    result: Box::pin(self.check_alone(key.escaped(), set, cost, now, nonce)).await,
+                    result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
                     counts_call: true,
                 }
             }
@@ -353,12 +353,6 @@ impl RedisTier {
     }
 
     /// One check in one call of the check script.
-    ///
-    /// Its callers box its future, as [`check_key`](Self::check_key) boxes a
-    /// striped check's: it holds the Redis call's state (a few KB), and
-    /// without it the future of every check, which the caller allocates or
-    /// moves, stays a few hundred bytes (most checks under load wait for a
-    /// batch, which takes a channel and a timer).
     async fn check_alone(
         &self,
         escaped: &str,
