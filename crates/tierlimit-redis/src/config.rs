@@ -176,10 +176,11 @@ impl RedisTierConfig {
     }
 
     /// The most checks one script call may carry (default 32; 1 to 1000; 1
-    /// turns batching off). Checks that arrive while a call is in flight wait
-    /// for it to end and then go together in one call, each decided as if
-    /// sent alone, in arrival order; a check on an idle connection goes at
-    /// once. See [`RedisTier::check_key`](crate::RedisTier::check_key).
+    /// turns batching off). Checks that arrive while calls are in flight
+    /// queue and go together in one call (when a call ends, or once the queue
+    /// is as large as the calls in flight), each decided as if sent alone, in
+    /// arrival order; a check on an idle connection goes at once. See
+    /// [`RedisTier::check_key`](crate::RedisTier::check_key).
     pub fn max_batch(mut self, checks: usize) -> Self {
         self.max_batch = checks;
         self

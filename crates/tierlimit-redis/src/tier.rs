@@ -265,10 +265,12 @@ impl RedisTier {
     ///
     /// Checks are batched adaptively ([`RedisTierConfig::max_batch`]): a check
     /// that finds fewer than two calls of this tier's checks in flight sends
-    /// its own call at once; checks that arrive while one is in flight queue and then go
-    /// together, in arrival order, in one call of the batch script
-    /// (`lua/check_batch.lua`), which decides each exactly as a lone call
-    /// would have and answers one reply per check. A check never waits longer
+    /// its own call at once; checks that arrive while they are in flight
+    /// queue and then go together, in arrival order, in one call of the batch
+    /// script (`lua/check_batch.lua`), which decides each exactly as a lone
+    /// call would have and answers one reply per check. The queue goes when a
+    /// call in flight ends, or at once when it holds as many checks as the
+    /// calls in flight (at least four) or `max_batch`. A check never waits longer
     /// than its deadline (counted from its arrival): past it, it fails with a
     /// [`Timeout`](tierlimit_core::RedisFailure::Timeout) whether it was still
     /// queued or in a call. When a call fails, every check of it fails as a
@@ -329,7 +331,7 @@ impl RedisTier {
         });
         match entry {
             Entry::Send => {
-                let _flight = Flight(self, batcher);
+                let _flight = Flight(self, batcher, 1);
                 Checked {
                     result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
                     counts_call: true,
@@ -380,11 +382,11 @@ impl RedisTier {
             Ok(runtime) => {
                 let tier = self.clone();
                 runtime.spawn(async move {
-                    let _flight = Flight(&tier, Cow::Owned(batcher));
+                    let _flight = Flight(&tier, Cow::Owned(batcher), batch.len());
                     tier.send_batch(batch).await;
                 });
             }
-            Err(_) => batcher.abandon(),
+            Err(_) => batcher.abandon(batch.len()),
         }
     }
 
@@ -1398,11 +1400,11 @@ fn install_crypto_provider() {
 
 /// A call of checks in flight: when it ends, however it ends (its future
 /// dropped included), the checks queued meanwhile are sent.
-struct Flight<'a>(&'a RedisTier, Cow<'a, Arc<Batcher>>);
+struct Flight<'a>(&'a RedisTier, Cow<'a, Arc<Batcher>>, usize);
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        if let Some(next) = self.1.done() {
+        if let Some(next) = self.1.done(self.2) {
             self.0.spawn_batch(next, Arc::clone(&self.1));
         }
     }
