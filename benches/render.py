@@ -41,32 +41,35 @@ PARTS_NOTES = [
 # What the load bench's missed targets come from (issue 11), as measured
 # beside it; the numbers above are this run's, these are the reasons.
 LOAD_NOTES = [
-    "### Why the load targets are missed",
+    "### What the load targets come from",
     "",
-    "* **A ÷ B16 at c = 50 (2.0).** Server-bound: A keeps the server 80–90 %"
-    " busy, and a GCRA check in the tier's batches costs it about what the"
-    " minimal GCRA script costs sent alone (the script-µs row above: 1.1–1.4×"
-    " M16), against 2.5× for B16's `EVALSHA` of the check script. So A ÷ B16"
-    " is about B16's server time per check ÷ A's, 1.5–1.9 in the runs so far"
-    " (1.37–1.64 at stop 21; 1.46 before stop 22's changes, 1.61, 1.91 and"
-    " 1.92 after), and 2.0 needs A's per-check server time a fifth lower again:"
-    " the generic decision (\"Where a check's server time goes\") and the"
-    " per-request arguments (key, rule set, now, cost, nonce), not the calls."
-    " Tried and not kept, as no better within the noise: three calls in flight"
-    " instead of two, handing the queue on before waking the answered callers"
-    " (stop 21), GCRA's limit text memoised and its TTL passed as a number"
-    " (stop 22).",
+    "* **A ÷ B16 at c = 50 (2.0).** Met in stop 23's run (2.04; pairs"
+    " 1.80–2.17), missed in every run before (1.37–1.92). The earlier notes"
+    " called A server-bound; it was not: at c = 50 the server was about 79 %"
+    " busy and the client about half of its core, because a queue waited for"
+    " one of the two calls in flight to end unless it reached `max_batch`, so"
+    " a third of the checks sat in the queue while the server ran out of"
+    " work. Since stop 23 a queue as large as the calls in flight (at least"
+    " 4 checks) goes at once (`crates/tierlimit-redis/src/batch.rs`): A about"
+    " 1.3× at c = 50 and 1.35× at c = 8, the same at c = 200. With a median"
+    " this close to 2.0 and pairs 1.80–2.17, a noisier run can fall under it."
+    " Tried and not kept, as no better within the noise: three or four calls"
+    " in flight before queueing (smaller batches: the server's cost per check"
+    " rises as much as the overlap gains), handing the queue on before waking"
+    " the answered callers (stops 21 and 23), GCRA's limit text memoised and"
+    " its TTL passed as a number (stop 22).",
     "* **Lowest A ÷ B16 over c (1.0).** Not reachable at c = 1 by any design"
     " that waits for its answer: with one check in flight A is bound by one"
     " round trip, while B16 keeps 16 requests in flight on its one connection."
     " At c = 8, B16 has 128 requests in flight against A's 8: A reaches"
-    " 0.5–1.1× B16 from run to run.",
+    " 0.6–0.85× B16 since stop 23 (0.4–0.6× before, once 1.1×).",
     "* **A ÷ T (0.98).** Around 1.0, with a spread wider than the target's"
     " margin: 0.96–1.04 in stop 21's runs; 0.96 before stop 22's changes and"
-    " 1.03, 1.26 and 1.40 after. The facade's own work per check (its boxed"
-    " Redis future, the warm-start record, the metrics) is small next to the"
-    " tier's; a ratio of 1.4 is the machine's speed drifting by a third"
-    " between samples, which five pairs do not average out.",
+    " 1.03, 1.26 and 1.40 after; 0.99 in stop 23's. The facade's own work per"
+    " check (its boxed Redis future, the warm-start record, the metrics) is"
+    " small next to the tier's; a ratio of 1.4 is the machine's speed"
+    " drifting by a third between samples, which five pairs do not average"
+    " out.",
     "* **Server script µs per check ÷ the minimal script.** A's batches cost the"
     " server 1.1–1.4× what the minimal GCRA script costs sent one per check"
     " (M16); B16, the check script by `EVALSHA` one per check, costs 2.4–2.6×:"
