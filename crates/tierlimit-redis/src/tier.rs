@@ -1411,8 +1411,8 @@ fn install_crypto_provider() {
     }
 }
 
-/// A call of checks in flight: when it ends, however it ends (its future
-/// dropped included), the checks queued meanwhile are sent.
+/// A call of checks in flight (`.2` of them): when it ends, however it ends
+/// (its future dropped included), the checks queued meanwhile are sent.
 struct Flight<'a>(&'a RedisTier, Cow<'a, Arc<Batcher>>, usize);
 
 impl Drop for Flight<'_> {
