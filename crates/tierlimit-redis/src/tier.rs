@@ -50,10 +50,6 @@ const MODE_SCRIPTS: u8 = 2;
 /// send, and the longest chain (`FCALL` meets `Function not found`, the load
 /// is refused, the `EVALSHA` meets `NOSCRIPT`, the script is loaded) is 3.
 const MAX_SENDS: usize = 4;
-/// How much sooner a batch's call times out than the earliest deadline of
-/// its checks: two ticks of Tokio's millisecond timer wheel, so the call's
-/// timer fires on an earlier tick than theirs.
-const ANSWER_MARGIN: Duration = Duration::from_millis(2);
 
 /// The global tier: checks rule sets on Redis with the scripts in `lua/`.
 ///
@@ -450,16 +446,7 @@ impl RedisTier {
         let Some(deadline) = batch.iter().map(|q| q.deadline).min() else {
             return;
         };
-        // The call ends a little before its checks' deadlines, so that its
-        // answer, a timeout included, reaches them before their own timers
-        // fire and one of them reports the call (a check that gave up
-        // reports nothing): else a hung server's batches went unreported.
-        let left = deadline.saturating_duration_since(now);
-        let budget = if left > 2 * ANSWER_MARGIN {
-            left - ANSWER_MARGIN
-        } else {
-            left
-        };
+        let budget = deadline - now;
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
             let head = self.head(Routine::Check);
             let cmd = &command::check(head, &q.set, &q.escaped, q.now, q.cost, q.nonce);
