@@ -56,7 +56,7 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
     }
 
     server.pause();
-    let decisions = burst(&limiter, &set, 40).await;
+    let decisions = burst(&limiter, &set, 6).await;
     let state_after_burst = limiter.breaker_state();
     server.resume();
     for (d, took) in &decisions {
@@ -67,8 +67,10 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
             "took {took:?}, deadline {deadline:?}"
         );
     }
-    // 40 failed checks in at most three calls (two lone, one batch): counted
-    // per check, four consecutive failures would have opened the breaker.
+    // 6 failed checks in three calls (two lone, then one batch of 4: as
+    // large as the calls in flight, at least 4), at most one report each:
+    // counted per check, four consecutive failures would have opened the
+    // breaker.
     assert_eq!(state_after_burst, BreakerState::Closed);
 
     // A success ends the run of failures; then lone calls still count one
