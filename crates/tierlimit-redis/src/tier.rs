@@ -331,7 +331,11 @@ impl RedisTier {
         });
         match entry {
             Entry::Send => {
-                let _flight = Flight(self, batcher, 1);
+                let _flight = Flight {
+                    tier: self,
+                    batcher,
+                    checks: 1,
+                };
                 Checked {
                     result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
                     counts_call: true,
@@ -382,7 +386,11 @@ impl RedisTier {
             Ok(runtime) => {
                 let tier = self.clone();
                 runtime.spawn(async move {
-                    let _flight = Flight(&tier, Cow::Owned(batcher), batch.len());
+                    let _flight = Flight {
+                        tier: &tier,
+                        batcher: Cow::Owned(batcher),
+                        checks: batch.len(),
+                    };
                     tier.send_batch(batch).await;
                 });
             }
@@ -1398,14 +1406,18 @@ fn install_crypto_provider() {
     }
 }
 
-/// A call of checks in flight (`.2` of them): when it ends, however it ends
-/// (its future dropped included), the checks queued meanwhile are sent.
-struct Flight<'a>(&'a RedisTier, Cow<'a, Arc<Batcher>>, usize);
+/// A call of `checks` checks in flight: when it ends, however it ends (its
+/// future dropped included), the checks queued meanwhile are sent.
+struct Flight<'a> {
+    tier: &'a RedisTier,
+    batcher: Cow<'a, Arc<Batcher>>,
+    checks: usize,
+}
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        if let Some(next) = self.1.done(self.2) {
-            self.0.spawn_batch(next, Arc::clone(&self.1));
+        if let Some(next) = self.batcher.done(self.checks) {
+            self.tier.spawn_batch(next, Arc::clone(&self.batcher));
         }
     }
 }
