@@ -95,7 +95,9 @@ pub struct Checked {
     /// records only these counts a batch of N checks as the one call it was,
     /// failed or not. False for a check that gave up while queued (its
     /// deadline passed before its batch was sent): the call it waited behind
-    /// reports itself.
+    /// reports itself. False for every check of a call that failed on one
+    /// Cluster master while another answers: that master's fault, not the
+    /// deployment's (see [`RedisTier::failure_counts`](crate::RedisTier::failure_counts)).
     pub counts_call: bool,
 }
 

@@ -8,7 +8,10 @@
 //! then, checks of keys in its slots fail at once, with no I/O
 //! ([`RedisFailure::NodeDown`](tierlimit_core::RedisFailure::NodeDown)), so
 //! they get their policy's answer without waiting, and keys on the other
-//! masters go on to Redis as before. The map comes from `CLUSTER SLOTS` and
+//! masters go on to Redis as before. A master's failures are its own while
+//! another master answers ([`Nodes::failing_alone`]): a circuit breaker
+//! does not hear of them, so one master's fault never opens it, and a whole
+//! cluster down does once every master failed. The map comes from `CLUSTER SLOTS` and
 //! is read again while a master is down and after a `MOVED`, so once a
 //! replica is promoted its slots' calls go to it.
 
@@ -236,6 +239,27 @@ impl Nodes {
         }
     }
 
+    /// True when `slot`'s master failed its last call while another master
+    /// that is not down at `now` did not: one master's fault, which this map
+    /// answers by marking that master down, not an outage of the deployment.
+    /// False with one master, before the first map, and once every master
+    /// fails.
+    pub(crate) fn failing_alone(&self, slot: u16, now: u64) -> bool {
+        let map = self.map.load();
+        let Some(&index) = map.owner.get(usize::from(slot)) else {
+            return false;
+        };
+        let Some(master) = map.masters.get(usize::from(index)) else {
+            return false;
+        };
+        master.failures.load(Ordering::Acquire) > 0
+            && map.masters.iter().enumerate().any(|(i, m)| {
+                i != usize::from(index)
+                    && m.failures.load(Ordering::Acquire) == 0
+                    && m.down_until.load(Ordering::Acquire) <= now
+            })
+    }
+
     /// True while some master that still serves slots is down at `now`.
     pub(crate) fn any_down(&self, now: u64) -> bool {
         let map = self.map.load();
@@ -379,6 +403,47 @@ mod tests {
         nodes.succeeded(6_000);
         nodes.failed(0, 0);
         assert!(nodes.down(0, 1).is_some());
+    }
+
+    #[test]
+    fn a_master_fails_alone_while_another_answers_and_not_once_all_fail() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        assert!(!nodes.failing_alone(0, 0), "no map yet");
+        nodes.replace(three_masters());
+        assert!(!nodes.failing_alone(0, 0), "no failure yet");
+        nodes.failed(0, 0);
+        assert!(
+            nodes.failing_alone(0, 0),
+            "7000 failed, 7002 and 7004 did not"
+        );
+        assert!(!nodes.failing_alone(6_000, 0), "7002 did not fail");
+        nodes.failed(6_000, 0);
+        assert!(nodes.failing_alone(0, 0), "7004 still answers");
+        nodes.failed(12_000, 0);
+        assert!(!nodes.failing_alone(0, 0), "every master fails: an outage");
+        assert!(
+            !nodes.failing_alone(12_000, 0),
+            "every master fails: an outage"
+        );
+        nodes.succeeded(12_000);
+        assert!(nodes.failing_alone(0, 0), "7004 answers again");
+        // A master that answered last but is down does not count as answering.
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(masters_on([7000, 7002, 7002]));
+        nodes.failed(0, 0);
+        for _ in 0..FAILURES_TO_MARK {
+            nodes.failed(6_000, 0);
+        }
+        nodes.succeeded(6_000);
+        assert!(!nodes.failing_alone(0, 10), "7002 answered, but is down");
+        assert!(nodes.failing_alone(0, 1_000_001), "7002 answered and is up");
+        let one = Nodes::new(Duration::from_secs(1));
+        one.replace(masters_on([7000, 7000, 7000]));
+        one.failed(0, 0);
+        assert!(
+            !one.failing_alone(0, 0),
+            "one master is the whole deployment"
+        );
     }
 
     #[test]

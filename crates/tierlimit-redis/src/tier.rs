@@ -50,6 +50,10 @@ const MODE_SCRIPTS: u8 = 2;
 /// send, and the longest chain (`FCALL` meets `Function not found`, the load
 /// is refused, the `EVALSHA` meets `NOSCRIPT`, the script is loaded) is 3.
 const MAX_SENDS: usize = 4;
+/// How much sooner a batch's call times out than the earliest deadline of
+/// its checks: two ticks of Tokio's millisecond timer wheel, so the call's
+/// timer fires on an earlier tick than theirs.
+const ANSWER_MARGIN: Duration = Duration::from_millis(2);
 
 /// The global tier: checks rule sets on Redis with the scripts in `lua/`.
 ///
@@ -275,7 +279,9 @@ impl RedisTier {
     /// [`Timeout`](tierlimit_core::RedisFailure::Timeout) whether it was still
     /// queued or in a call. When a call fails, every check of it fails as a
     /// lone call would, and one of them has [`Checked::counts_call`] set, so a
-    /// circuit breaker counts one failed call, not one per check.
+    /// circuit breaker counts one failed call, not one per check (none on a
+    /// Cluster when the call's master fails alone: see
+    /// [`failure_counts`](Self::failure_counts)).
     ///
     /// All keys of one check share a hash tag, so a batch splits by Cluster
     /// slot along check boundaries.
@@ -314,10 +320,7 @@ impl RedisTier {
         let nonce = fastrand::u64(..);
         let batcher = self.batcher(key.escaped());
         if !batcher.enabled() {
-            return Checked {
-                result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
-                counts_call: true,
-            };
+            return self.check_alone(key.escaped(), set, cost, now, nonce).await;
         }
         let deadline = tokio::time::Instant::now() + self.inner.deadline;
         let entry = batcher.enter(|tx| Queued {
@@ -336,10 +339,7 @@ impl RedisTier {
                     batcher,
                     checks: 1,
                 };
-                Checked {
-                    result: self.check_alone(key.escaped(), set, cost, now, nonce).await,
-                    counts_call: true,
-                }
+                self.check_alone(key.escaped(), set, cost, now, nonce).await
             }
             Entry::Wait(rx, full) => {
                 if let Some(full) = full {
@@ -358,7 +358,7 @@ impl RedisTier {
         }
     }
 
-    /// One check in one call of the check script.
+    /// One check in one call of the check script, which it speaks for.
     async fn check_alone(
         &self,
         escaped: &str,
@@ -366,17 +366,50 @@ impl RedisTier {
         cost: u64,
         now: u64,
         nonce: u64,
-    ) -> Result<Verdict> {
+    ) -> Checked {
         let head = self.head(Routine::Check);
         let cmd = &command::check(head, set, escaped, now, cost, nonce);
         let slot = self.slot_of_check(escaped);
-        let reply = self
+        let result = self
             .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
                 send_refused_once(conn, |c| self.run(c, cmd, slot))
             })
             .await
-            .map_err(Failure::into_error)?;
-        parse_verdict(reply, set)
+            .map_err(Failure::into_error)
+            .and_then(|reply| parse_verdict(reply, set));
+        Checked {
+            counts_call: result.is_ok() || self.failure_speaks(slot),
+            result,
+        }
+    }
+
+    /// Whether a failed call for `slot` speaks for the deployment to a
+    /// circuit breaker (every answer does): every failure on one server; on
+    /// a Cluster, not a failure of one master while another answers (see
+    /// `Nodes::failing_alone`): a few in a row mark that master down
+    /// instead, and one master's fault is not an outage.
+    fn failure_speaks(&self, slot: u16) -> bool {
+        !self.inner.backend.is_cluster()
+            || !self.inner.nodes.failing_alone(slot, self.monotonic_us())
+    }
+
+    /// Whether `error`, the failure of a check of `key`, is one a circuit
+    /// breaker in front of this tier should count. Not bad input; not a check
+    /// answered unsent because its Cluster master is down
+    /// ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)); and on a
+    /// Cluster, not a failure of the key's master while another master
+    /// answers: a few in a row mark that master down for a while instead
+    /// (its keys then get `NodeDown` at once), since one master's fault is
+    /// not an outage of the deployment.
+    ///
+    /// [`check_key`](Self::check_key) applies this itself (see
+    /// [`Checked::counts_call`]); this is for the failures of
+    /// [`check_after_key`](Self::check_after_key).
+    pub fn failure_counts(&self, key: &CheckKey<'_>, error: &Error) -> bool {
+        match error.redis_failure() {
+            None | Some(tierlimit_core::RedisFailure::NodeDown) => false,
+            Some(_) => self.failure_speaks(self.slot_of_check(key.escaped())),
+        }
     }
 
     /// Sends `batch`, drawn from `batcher`'s queue, from a task of its own
@@ -454,7 +487,16 @@ impl RedisTier {
         let Some(deadline) = batch.iter().map(|q| q.deadline).min() else {
             return;
         };
-        let budget = deadline - now;
+        // The call ends a little before its checks' deadlines, so that its
+        // answer, a timeout included, reaches them before their own timers
+        // fire and one of them speaks for the call (a check that gave up
+        // speaks for nothing): else a hung server's batches went unreported.
+        let left = deadline.saturating_duration_since(now);
+        let budget = if left > 2 * ANSWER_MARGIN {
+            left - ANSWER_MARGIN
+        } else {
+            left
+        };
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
             let head = self.head(Routine::Check);
             let cmd = &command::check(head, &q.set, &q.escaped, q.now, q.cost, q.nonce);
@@ -501,11 +543,14 @@ impl RedisTier {
             }
         };
         let reports = reporter(&results);
+        let counts = results
+            .get(reports)
+            .is_some_and(|r| r.is_ok() || self.failure_speaks(slot));
         for (i, (q, result)) in batch.into_iter().zip(results).enumerate() {
             // A caller that gave up meanwhile dropped its receiver: nothing to do.
             let _ = q.tx.send(Checked {
                 result,
-                counts_call: i == reports,
+                counts_call: counts && i == reports,
             });
         }
     }

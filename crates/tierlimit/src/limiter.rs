@@ -8,8 +8,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{
-    Clock, Decision, Error, Policy, RedisFailure, Result, Rule, RuleSet, RuleState, SystemClock,
-    Tier,
+    Clock, Decision, Error, Policy, Result, Rule, RuleSet, RuleState, SystemClock, Tier,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
@@ -770,11 +769,14 @@ impl HybridLimiter {
                     reconcile::settle(inner, &claims, written);
                     verdict
                 });
-            // A check answered at once because its Cluster master is down
-            // (`NodeDown`) was never sent: not a call for the breaker.
-            let sent =
-                !matches!(&result, Err(e) if e.redis_failure() == Some(RedisFailure::NodeDown));
-            (result, sent)
+            // Not every failure is the deployment's: a check answered unsent
+            // (its Cluster master is down), or one master's fault while
+            // others answer, is no call for the breaker.
+            let counts = match &result {
+                Ok(_) => true,
+                Err(e) => inner.redis.failure_counts(key, e),
+            };
+            (result, counts)
         };
         let latency = started.elapsed();
         inner.labels.redis_call(latency.as_secs_f64());

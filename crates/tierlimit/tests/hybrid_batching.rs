@@ -68,9 +68,8 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
         );
     }
     // 6 failed checks in three calls (two lone, then one batch of 4: as
-    // large as the calls in flight, at least 4), at most one report each:
-    // counted per check, four consecutive failures would have opened the
-    // breaker.
+    // large as the calls in flight, at least 4), one report each: counted
+    // per check, four consecutive failures would have opened the breaker.
     assert_eq!(state_after_burst, BreakerState::Closed);
 
     // A success ends the run of failures; then lone calls still count one
@@ -95,4 +94,37 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
     let state_after_lone = limiter.breaker_state();
     server.resume();
     assert_eq!(state_after_lone, BreakerState::Open);
+}
+
+/// A batch that timed out is a call the breaker hears of, like a lone one:
+/// on a hung server, 12 checks are four calls (two lone, then batches of 4
+/// and 6), four failures in a row.
+#[tokio::test(flavor = "current_thread")]
+async fn timed_out_batches_count_for_the_breaker() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(200);
+    let mut config = breaker();
+    config.consecutive_failures = 4;
+    config.cool_down = Duration::from_secs(60);
+    config.max_cool_down = Duration::from_secs(60);
+    let limiter = healthy(builder(&server.url()).deadline(deadline).breaker(config)).await;
+    let set = RuleSet::new("batched", [Rule::per_hour(1000).expect("valid")])
+        .expect("valid")
+        .with_policy(Policy::FailOpen);
+    for (d, _) in burst(&limiter, &set, 20).await {
+        assert_eq!(d.tier, Tier::Redis);
+    }
+
+    server.pause();
+    let decisions = burst(&limiter, &set, 12).await;
+    let state_after_burst = limiter.breaker_state();
+    server.resume();
+    for (d, _) in &decisions {
+        assert_eq!(d.redis_failure, Some(RedisFailure::Timeout), "{d:?}");
+    }
+    assert_eq!(
+        state_after_burst,
+        BreakerState::Open,
+        "four timed-out calls, two of them batches, open a breaker of four"
+    );
 }
