@@ -119,30 +119,44 @@ end
 -- keeps them from call to call, so each rule set's numbers are parsed and
 -- checked once per server, not on every check. Bounded: a full memo starts
 -- over.
---   RULES_SEEN  a rule's table, by its five arguments joined with spaces (a
---               passing argument is a non-empty run of digits or a minus and
---               digits, so no other five strings join to the same text);
+--   RULES_SEEN  a rule's table, by its five arguments, one level of tables
+--               per argument (RULES_SEEN[code][limit][period][capacity]
+--               [offset]): five lookups of strings Redis made already, where
+--               joining them would make and hash a new string on every call;
 --   COSTS_SEEN  a cost, by its text (decide.lua).
 local RULES_SEEN, RULES_SEEN_N, COSTS_SEEN, COSTS_SEEN_N = nil, 0, nil, 0
 local SEEN_MAX = 512
 
 local function rule_args(script, a)
-  local c, l, p, b, o = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  if RULES_SEEN and type(c) == 'string' and type(l) == 'string' and type(p) == 'string'
-    and type(b) == 'string' and type(o) == 'string' then
-    local joined = c .. ' ' .. l .. ' ' .. p .. ' ' .. b .. ' ' .. o
-    local seen = RULES_SEEN[joined]
-    if seen then
-      return seen
-    end
-    seen = checked_rule_args(script, a)
-    if RULES_SEEN_N >= SEEN_MAX then
-      RULES_SEEN, RULES_SEEN_N = {}, 0
-    end
-    RULES_SEEN[joined], RULES_SEEN_N = seen, RULES_SEEN_N + 1
-    return seen
+  local seen = RULES_SEEN
+  if not seen then
+    return checked_rule_args(script, a)
   end
-  return checked_rule_args(script, a)
+  local c, l, p, b, o = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local t = seen[c]
+  t = t and t[l]
+  t = t and t[p]
+  t = t and t[b]
+  t = t and t[o]
+  if t then
+    return t
+  end
+  -- Only arguments that pass (strings, so every level's key is one) are kept.
+  local rule = checked_rule_args(script, a)
+  if RULES_SEEN_N >= SEEN_MAX then
+    RULES_SEEN, RULES_SEEN_N = {}, 0
+  end
+  local function level(node, k)
+    local below = node[k]
+    if not below then
+      below = {}
+      node[k] = below
+    end
+    return below
+  end
+  level(level(level(level(RULES_SEEN, c), l), p), b)[o] = rule
+  RULES_SEEN_N = RULES_SEEN_N + 1
+  return rule
 end
 
 local function script_now(arg)

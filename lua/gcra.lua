@@ -81,8 +81,7 @@ local function gcra_store(key, now, rel, limit)
     frac = sub(format('%.17f', rel - whole), 2)
   end
   local ttl_ms = max(1, ceil((rel - GCRA_SLACK_US) / 1000))
-  redis.call('SET', key, format('%d', now + whole) .. frac .. '@'
-    .. format('%d', limit), 'PX', format('%d', ttl_ms))
+  redis.call('SET', key, format('%d%s@%d', now + whole, frac, limit), 'PX', format('%d', ttl_ms))
 end
 
 local function gcra_check(key, now, cost, limit, period, capacity)

@@ -140,7 +140,7 @@ fn variants() -> Vec<(&'static str, String)> {
     let gcra3 = edit(ALGORITHMS[0], "sub(format('%.17f', rel - whole), 2)", "''");
     let gcra3 = edit(
         &gcra3,
-        "format('%d', now + whole) .. frac .. '@'\n    .. format('%d', limit)",
+        "format('%d%s@%d', now + whole, frac, limit)",
         "format('%d', now + whole)",
     );
     let no_string = joined(&common1, &gcra3, &decide2, &main2);
