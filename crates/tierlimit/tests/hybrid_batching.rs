@@ -38,22 +38,31 @@ async fn burst(
     out
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_failed_batch_is_one_failure_for_the_breaker() {
+/// Each check's deadline.
+const DEADLINE: Duration = Duration::from_millis(200);
+
+/// A server, a limiter on it whose breaker four failures in a row open (and
+/// keep open for a minute), and a `FailOpen` set both of whose scripts (a
+/// lone call's, a batch's) the server has loaded.
+async fn warm_limiter() -> (RedisServer, Arc<HybridLimiter>, RuleSet) {
     let server = RedisServer::start();
-    let deadline = Duration::from_millis(200);
     let mut config = breaker();
     config.consecutive_failures = 4;
     config.cool_down = Duration::from_secs(60);
     config.max_cool_down = Duration::from_secs(60);
-    let limiter = healthy(builder(&server.url()).deadline(deadline).breaker(config)).await;
+    let limiter = healthy(builder(&server.url()).deadline(DEADLINE).breaker(config)).await;
     let set = RuleSet::new("batched", [Rule::per_hour(1000).expect("valid")])
         .expect("valid")
         .with_policy(Policy::FailOpen);
-    // Loads both scripts (a lone call, then a batch) while Redis answers.
     for (d, _) in burst(&limiter, &set, 20).await {
         assert_eq!(d.tier, Tier::Redis);
     }
+    (server, limiter, set)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_batch_is_one_failure_for_the_breaker() {
+    let (server, limiter, set) = warm_limiter().await;
 
     server.pause();
     let decisions = burst(&limiter, &set, 6).await;
@@ -63,8 +72,8 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
         assert_eq!(d.tier, Tier::FailOpen, "{d:?}");
         assert_eq!(d.redis_failure, Some(RedisFailure::Timeout), "{d:?}");
         assert!(
-            *took < deadline + Duration::from_millis(250),
-            "took {took:?}, deadline {deadline:?}"
+            *took < DEADLINE + Duration::from_millis(250),
+            "took {took:?}, deadline {DEADLINE:?}"
         );
     }
     // 6 failed checks in three calls (two lone, then one batch of 4: as
@@ -101,19 +110,7 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
 /// and 6), four failures in a row.
 #[tokio::test(flavor = "current_thread")]
 async fn timed_out_batches_count_for_the_breaker() {
-    let server = RedisServer::start();
-    let deadline = Duration::from_millis(200);
-    let mut config = breaker();
-    config.consecutive_failures = 4;
-    config.cool_down = Duration::from_secs(60);
-    config.max_cool_down = Duration::from_secs(60);
-    let limiter = healthy(builder(&server.url()).deadline(deadline).breaker(config)).await;
-    let set = RuleSet::new("batched", [Rule::per_hour(1000).expect("valid")])
-        .expect("valid")
-        .with_policy(Policy::FailOpen);
-    for (d, _) in burst(&limiter, &set, 20).await {
-        assert_eq!(d.tier, Tier::Redis);
-    }
+    let (server, limiter, set) = warm_limiter().await;
 
     server.pause();
     let decisions = burst(&limiter, &set, 12).await;
