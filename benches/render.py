@@ -63,7 +63,8 @@ LOAD_NOTES = [
     " that waits for its answer: with one check in flight A is bound by one"
     " round trip, while B16 keeps 16 requests in flight on its one connection."
     " At c = 8, B16 has 128 requests in flight against A's 8: A reaches"
-    " 0.6–0.85× B16 since stop 23 (0.4–0.6× before, once 1.1×).",
+    " 0.6–0.85× B16 in stop 23's runs (0.4–0.6× before, once 1.1×) and 1.28×"
+    " in stop 24's, so the target is missed at c = 1 only.",
     "* **A ÷ T (0.98).** Around 1.0, with a spread wider than the target's"
     " margin: 0.96–1.04 in stop 21's runs; 0.96 before stop 22's changes and"
     " 1.03, 1.26 and 1.40 after; 0.99 in stop 23's, 0.96 in stop 24's. The facade's own work per"
