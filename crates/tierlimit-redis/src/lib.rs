@@ -69,7 +69,11 @@
 //! `cluster-require-full-coverage no`: with Redis's default (`yes`) every
 //! master refuses every key (`CLUSTERDOWN`) until the failed master's replica
 //! is promoted. [`RedisTier::ping`] asks one master, one not marked down
-//! when there is one.
+//! when there is one. A master's failures are its own while another master
+//! answers: a few in a row mark it down for a while (its keys then get
+//! [`RedisFailure::NodeDown`](tierlimit_core::RedisFailure::NodeDown) at once), and a circuit breaker does not
+//! hear of them ([`Checked::counts_call`], [`RedisTier::failure_counts`]);
+//! once every master fails, it does.
 //!
 //! # TLS and ACL users
 //!
