@@ -127,6 +127,16 @@ end
 local RULES_SEEN, RULES_SEEN_N, COSTS_SEEN, COSTS_SEEN_N = nil, 0, nil, 0
 local SEEN_MAX = 512
 
+-- RULES_SEEN's table under `k` in `node`, made when missing.
+local function memo_level(node, k)
+  local below = node[k]
+  if not below then
+    below = {}
+    node[k] = below
+  end
+  return below
+end
+
 local function rule_args(script, a)
   local seen = RULES_SEEN
   if not seen then
@@ -146,15 +156,7 @@ local function rule_args(script, a)
   if RULES_SEEN_N >= SEEN_MAX then
     RULES_SEEN, RULES_SEEN_N = {}, 0
   end
-  local function level(node, k)
-    local below = node[k]
-    if not below then
-      below = {}
-      node[k] = below
-    end
-    return below
-  end
-  level(level(level(level(RULES_SEEN, c), l), p), b)[o] = rule
+  memo_level(memo_level(memo_level(memo_level(RULES_SEEN, c), l), p), b)[o] = rule
   RULES_SEEN_N = RULES_SEEN_N + 1
   return rule
 end

@@ -246,15 +246,12 @@ impl Nodes {
     /// fails.
     pub(crate) fn failing_alone(&self, slot: u16, now: u64) -> bool {
         let map = self.map.load();
-        let Some(&index) = map.owner.get(usize::from(slot)) else {
-            return false;
-        };
-        let Some(master) = map.masters.get(usize::from(index)) else {
+        let Some(master) = map.master(slot) else {
             return false;
         };
         master.failures.load(Ordering::Acquire) > 0
-            && map.masters.iter().enumerate().any(|(i, m)| {
-                i != usize::from(index)
+            && map.masters.iter().any(|m| {
+                !std::ptr::eq(m, master)
                     && m.failures.load(Ordering::Acquire) == 0
                     && m.down_until.load(Ordering::Acquire) <= now
             })
