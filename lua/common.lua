@@ -175,14 +175,18 @@ local function pexpire_us(key, us)
 end
 
 local function window_load(key, cur, keep_previous)
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w, c, p = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
   if not keep_previous then
-    p = 0
+    -- p is not needed: two fields read instead of three (a fifth of the read).
+    local state = redis.call('HMGET', key, 'w', 'c')
+    local w = tonumber(state[1])
     if w == nil or w < cur then
       return cur, 0, 0, false
     end
-  elseif w == nil or w < cur - 1 then
+    return w, tonumber(state[2]) or 0, 0, true
+  end
+  local state = redis.call('HMGET', key, 'w', 'c', 'p')
+  local w, c, p = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  if w == nil or w < cur - 1 then
     return cur, 0, 0, false
   elseif w == cur - 1 then
     return cur, 0, c, false

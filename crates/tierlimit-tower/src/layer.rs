@@ -3,13 +3,14 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::StatusCode;
 use tierlimit::{Error, HybridLimiter, RuleSet};
 use tower_layer::Layer;
 
-use crate::headers::{self, HeaderMode};
+use crate::headers::HeaderMode;
 use crate::key::{ClientIp, KeyExtractor};
-use crate::route::{Action, Limit, Match, Routes};
+use crate::route::{Action, Limit, Match, Rendered, Routes, SetSource};
 use crate::service::RateLimit;
 
 /// What a request without a key gets.
@@ -111,8 +112,15 @@ impl<S> Layer<S> for RateLimitLayer {
 #[derive(Debug)]
 pub struct RateLimitLayerBuilder {
     shared: Shared,
-    pending: Vec<(Match, Option<(RuleSet, u64)>)>,
-    default: Option<(RuleSet, u64)>,
+    pending: Vec<(Match, Option<(Given, u64)>)>,
+    default: Option<(Given, u64)>,
+}
+
+/// A route's rule set as the builder was given it.
+#[derive(Debug)]
+enum Given {
+    Set(RuleSet),
+    Name(String),
 }
 
 impl RateLimitLayerBuilder {
@@ -124,8 +132,27 @@ impl RateLimitLayerBuilder {
 
     /// Requests matching `m` are checked against `set` for `cost` units.
     /// Routes are tried in the order they were added; the first match wins.
+    ///
+    /// The route keeps `set` as given: a reload of the limiter's rule sets
+    /// does not reach it (see [`route_named`](Self::route_named)).
     pub fn route(mut self, m: Match, set: RuleSet, cost: u64) -> Self {
-        self.pending.push((m, Some((set, cost))));
+        self.pending.push((m, Some((Given::Set(set), cost))));
+        self
+    }
+
+    /// As [`route`](Self::route), with the rule set the limiter holds under
+    /// `set_name` when each request is checked: after a reload
+    /// ([`HybridLimiter::replace_rule_sets`], a watched config file) the
+    /// route's requests are checked against the new set.
+    ///
+    /// [`build`](Self::build) refuses a name the limiter does not hold. A
+    /// reload that drops the name leaves the route on the set it last used,
+    /// so it neither stops limiting nor fails; a reload that shrinks the
+    /// set's capacity below `cost` makes the route answer `500` until it is
+    /// fixed, since no request could be admitted.
+    pub fn route_named(mut self, m: Match, set_name: impl Into<String>, cost: u64) -> Self {
+        self.pending
+            .push((m, Some((Given::Name(set_name.into()), cost))));
         self
     }
 
@@ -138,7 +165,14 @@ impl RateLimitLayerBuilder {
     /// Requests no route matches are checked against `set` for `cost`
     /// units. Without a default they pass unchecked.
     pub fn default_route(mut self, set: RuleSet, cost: u64) -> Self {
-        self.default = Some((set, cost));
+        self.default = Some((Given::Set(set), cost));
+        self
+    }
+
+    /// As [`default_route`](Self::default_route), by the limiter's rule set
+    /// of that name at each request (see [`route_named`](Self::route_named)).
+    pub fn default_route_named(mut self, set_name: impl Into<String>, cost: u64) -> Self {
+        self.default = Some((Given::Name(set_name.into()), cost));
         self
     }
 
@@ -172,16 +206,29 @@ impl RateLimitLayerBuilder {
 
     /// The layer. Fails with [`Error::InvalidConfig`] for a malformed route
     /// pattern, an invalid fallback key or a fail-closed status that is not a
-    /// client or server error, and with the rule set's error for a cost it
-    /// could never admit.
+    /// client or server error, with [`Error::UnknownRuleSet`] for a named
+    /// route whose name the limiter does not hold, and with the rule set's
+    /// error for a cost it could never admit.
     pub fn build(mut self) -> tierlimit::Result<RateLimitLayer> {
-        let limit = |(set, cost): (RuleSet, u64)| -> tierlimit::Result<Limit> {
+        let limiter = self.shared.limiter.clone();
+        let limit = |(given, cost): (Given, u64)| -> tierlimit::Result<Limit> {
+            let (set, name) = match given {
+                Given::Set(set) => (set, None),
+                Given::Name(name) => match limiter.rule_set(&name) {
+                    Some(set) => (set, Some(name)),
+                    None => return Err(Error::UnknownRuleSet { name }),
+                },
+            };
             set.validate_cost(cost)?;
-            Ok(Limit {
-                policy: headers::policy_value(&set),
-                set,
-                cost,
-            })
+            let rendered = Rendered::new(set);
+            let set = match name {
+                None => SetSource::Fixed(rendered),
+                Some(name) => SetSource::Named {
+                    name,
+                    last: ArcSwap::new(rendered),
+                },
+            };
+            Ok(Limit { set, cost })
         };
         for (m, action) in self.pending {
             m.validate()?;
@@ -235,6 +282,10 @@ mod tests {
         assert!(matches!(bad_pattern, Err(Error::InvalidConfig { .. })));
         let never = build(|b, s| b.default_route(s, 6));
         assert!(matches!(never, Err(Error::CostExceedsCapacity { .. })));
+        let unknown = build(|b, _| b.route_named(Match::any("/n"), "nope", 1));
+        assert!(matches!(unknown, Err(Error::UnknownRuleSet { name }) if name == "nope"));
+        let unknown = build(|b, _| b.default_route_named("nope", 1));
+        assert!(matches!(unknown, Err(Error::UnknownRuleSet { .. })));
         let fallback = build(|b, _| b.missing_key(MissingKey::Fallback("a\nb".into())));
         assert!(matches!(fallback, Err(Error::InvalidConfig { .. })));
         let ok_status = build(|b, _| b.fail_closed_status(StatusCode::OK));

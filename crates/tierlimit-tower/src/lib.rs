@@ -33,7 +33,11 @@
 //!
 //! 1. **Route** ([`Match`]): the first route whose method and path pattern
 //!    match gives the rule set and cost; an exempt route, or no match and no
-//!    default, passes the request on unchecked and without headers.
+//!    default, passes the request on unchecked and without headers. A
+//!    route given a rule set's name
+//!    ([`route_named`](RateLimitLayerBuilder::route_named)) checks against
+//!    the set the limiter holds under it at that moment, so a config reload
+//!    reaches it; one given a [`RuleSet`](tierlimit::RuleSet) keeps it.
 //! 2. **Key** ([`KeyExtractor`]): API key header, user id header, client IP
 //!    ([`ClientIp`]: the peer address; forwarding headers only from trusted
 //!    proxies), a [`GlobalKey`], or the first of several ([`FirstOf`]). No
@@ -47,6 +51,7 @@
 //! | denied | `429`, `Retry-After` (seconds, rounded up, at least 1), headers, `{"error":"rate_limited",…}` | HTTP 200 trailers-only, `grpc-status: 8` (`RESOURCE_EXHAUSTED`), `grpc-message`, same headers as metadata |
 //! | denied by [`Policy::FailClosed`](tierlimit::Policy) (Redis unavailable) | `503` by default ([`RateLimitLayerBuilder::fail_closed_status`]), `Retry-After`, headers, `{"error":"limiter_unavailable",…}` | `grpc-status: 14` (`UNAVAILABLE`) |
 //! | key missing (with [`MissingKey::Reject`]) or unusable (too long, control characters) | `400`, `{"error":"missing_key"` / `"invalid_key",…}` | `grpc-status: 3` (`INVALID_ARGUMENT`) |
+//! | the route's cost above its rule set's capacity (a reload shrank a named route's set) | `500`, `{"error":"rate_limit_misconfigured",…}` | `grpc-status: 13` (`INTERNAL`) |
 //!
 //! The rate-limit headers are set by [`HeaderMode`]: the legacy
 //! `X-RateLimit-*`, the IETF draft's `RateLimit-Policy` / `RateLimit`

@@ -1,7 +1,12 @@
 //! Which rule set and cost a request is checked against.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use http::{HeaderValue, Method};
-use tierlimit::RuleSet;
+use tierlimit::{HybridLimiter, RuleSet};
+
+use crate::headers;
 
 /// Which requests a route applies to: a method (or any) and a path pattern.
 ///
@@ -97,22 +102,72 @@ impl Pattern {
 }
 
 /// What a matched route does.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Action {
     Limit(Limit),
     Exempt,
 }
 
-/// A rule set and cost, with its `RateLimit-Policy` value rendered once.
-#[derive(Debug, Clone)]
+/// A rule set and cost.
+#[derive(Debug)]
 pub(crate) struct Limit {
-    pub(crate) set: RuleSet,
+    pub(crate) set: SetSource,
     pub(crate) cost: u64,
+}
+
+/// Where a route's rule set comes from.
+#[derive(Debug)]
+pub(crate) enum SetSource {
+    /// Given by value: the same for the layer's life.
+    Fixed(Arc<Rendered>),
+    /// The limiter's set of this name, looked up on every request, so a
+    /// reload reaches the route; `last` is the one the route last used,
+    /// kept if a reload drops the name.
+    Named {
+        name: String,
+        last: ArcSwap<Rendered>,
+    },
+}
+
+/// A rule set with its `RateLimit-Policy` value, rendered once per set.
+#[derive(Debug)]
+pub(crate) struct Rendered {
+    pub(crate) set: RuleSet,
     pub(crate) policy: HeaderValue,
 }
 
+impl Rendered {
+    pub(crate) fn new(set: RuleSet) -> Arc<Rendered> {
+        Arc::new(Rendered {
+            policy: headers::policy_value(&set),
+            set,
+        })
+    }
+}
+
+impl Limit {
+    /// The rule set a request is checked against now.
+    pub(crate) fn current(&self, limiter: &HybridLimiter) -> Arc<Rendered> {
+        match &self.set {
+            SetSource::Fixed(rendered) => rendered.clone(),
+            SetSource::Named { name, last } => {
+                let seen = last.load_full();
+                match limiter.rule_set(name) {
+                    // A reload made a new set (ids are never reused).
+                    Some(set) if set.id() != seen.set.id() => {
+                        let fresh = Rendered::new(set);
+                        last.store(fresh.clone());
+                        fresh
+                    }
+                    _ => seen,
+                }
+            }
+        }
+    }
+}
+
 /// The routes in order (the first match wins) and the default.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Routes {
     pub(crate) routes: Vec<(Match, Action)>,
     pub(crate) default: Option<Limit>,

@@ -10,12 +10,12 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tierlimit::{Decision, RuleState, Tier};
+use tierlimit::{Decision, Error, RuleState, Tier};
 use tower_service::Service;
 
 use crate::headers::{self, retry_after_secs};
 use crate::layer::{MissingKey, Shared};
-use crate::route::{Action, Limit};
+use crate::route::{Action, Rendered};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer)
 /// around `S`.
@@ -78,6 +78,7 @@ where
                 let response = inner.call(Request::from_parts(parts, body)).await?;
                 return Ok(response.map(ResponseBody::inner));
             };
+            let (cost, limit) = (limit.cost, limit.current(&shared.limiter));
             let grpc = is_grpc(&parts.headers);
             let key = match shared.key.extract(&parts) {
                 Ok(Some(key)) => key,
@@ -94,23 +95,25 @@ where
             let checked = if shared.headers.draft() {
                 let checked = shared
                     .limiter
-                    .check_with_rules(&key, &limit.set, limit.cost, &mut rules);
+                    .check_with_rules(&key, &limit.set, cost, &mut rules);
                 checked.await
             } else {
-                shared.limiter.check(&key, &limit.set, limit.cost).await
+                shared.limiter.check(&key, &limit.set, cost).await
             };
             let decision = match checked {
                 Ok(decision) => decision,
-                // Only bad input reaches here (Redis faults become decisions);
-                // the key is the only input a client controls.
-                Err(e) if e.is_bad_input() => {
-                    return Ok(bad_request(grpc, "invalid_key", &e.to_string()));
-                }
-                Err(e) => return Ok(bad_request(grpc, "invalid_request", &e.to_string())),
+                // Only bad input reaches here (Redis faults become decisions).
+                // The key is the only input a client controls; anything else
+                // (a reload left a named route's cost above its set's
+                // capacity) is the server's.
+                Err(
+                    e @ (Error::EmptyKey | Error::KeyTooLong { .. } | Error::KeyControlChar { .. }),
+                ) => return Ok(bad_request(grpc, "invalid_key", &e.to_string())),
+                Err(e) => return Ok(misconfigured(grpc, &e.to_string())),
             };
             let pk = shared.partition_key.then_some(key.as_str());
             if !decision.allowed {
-                return Ok(denied(&shared, limit, &decision, &rules, pk, grpc));
+                return Ok(denied(&shared, &limit, &decision, &rules, pk, grpc));
             }
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
             headers::render(
@@ -136,13 +139,14 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 
 const GRPC_INVALID_ARGUMENT: u8 = 3;
 const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
+const GRPC_INTERNAL: u8 = 13;
 const GRPC_UNAVAILABLE: u8 = 14;
 
 /// A denial: 429 (or the fail-closed status) with `Retry-After`, the
 /// rate-limit headers and a JSON body; for gRPC a trailers-only response.
 fn denied<B>(
     shared: &Shared,
-    limit: &Limit,
+    limit: &Rendered,
     decision: &Decision,
     rules: &[RuleState],
     pk: Option<&str>,
@@ -195,11 +199,39 @@ fn denied<B>(
 
 /// 400 for a missing or unusable key; for gRPC `INVALID_ARGUMENT`.
 fn bad_request<B>(grpc: bool, error: &str, message: &str) -> Response<ResponseBody<B>> {
+    error_response(
+        grpc,
+        StatusCode::BAD_REQUEST,
+        GRPC_INVALID_ARGUMENT,
+        error,
+        message,
+    )
+}
+
+/// 500 for a route no request could pass (its cost above its rule set's
+/// capacity); for gRPC `INTERNAL`.
+fn misconfigured<B>(grpc: bool, message: &str) -> Response<ResponseBody<B>> {
+    error_response(
+        grpc,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        GRPC_INTERNAL,
+        "rate_limit_misconfigured",
+        message,
+    )
+}
+
+fn error_response<B>(
+    grpc: bool,
+    status: StatusCode,
+    grpc_code: u8,
+    error: &str,
+    message: &str,
+) -> Response<ResponseBody<B>> {
     if grpc {
-        return grpc_response(GRPC_INVALID_ARGUMENT, message);
+        return grpc_response(grpc_code, message);
     }
     json_response(
-        StatusCode::BAD_REQUEST,
+        status,
         format!(
             r#"{{"error":"{error}","message":"{}"}}"#,
             message.replace(['"', '\\'], "'")
@@ -325,7 +357,7 @@ mod tests {
     use tierlimit::{HybridLimiter, Rule, RuleSet};
 
     use super::*;
-    use crate::headers::{HeaderMode, policy_value};
+    use crate::headers::HeaderMode;
 
     fn shared(headers: HeaderMode, fail_closed_status: StatusCode) -> Shared {
         Shared {
@@ -348,11 +380,7 @@ mod tests {
     #[tokio::test]
     async fn fail_closed_status_is_configurable_and_mode_none_sends_only_retry_after() {
         let set = RuleSet::new("s", [Rule::per_minute(5).expect("valid")]).expect("valid");
-        let limit = Limit {
-            policy: policy_value(&set),
-            set,
-            cost: 1,
-        };
+        let limit = Rendered::new(set);
         let d = Decision::denied(
             5,
             Duration::from_millis(1500),

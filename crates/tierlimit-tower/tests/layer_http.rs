@@ -4,10 +4,11 @@
 mod support;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::Method;
-use support::{base64, get, limiter, pk_of, send, serve};
-use tierlimit::{Rule, RuleSet};
+use support::{DEADLINE, base64, get, limiter, pk_of, send, serve};
+use tierlimit::{HybridLimiter, Instances, Rule, RuleSet};
 use tierlimit_test::RedisServer;
 use tierlimit_tower::{
     ClientIp, HeaderKey, HeaderMode, KeyExtractor, Match, MissingKey, RateLimitLayer,
@@ -162,6 +163,90 @@ async fn routes_pick_rule_sets_and_exempt_paths_pass_unchecked() {
     assert_eq!(api.status, 200);
     assert!(api.header("ratelimit-policy").starts_with(r#""api.0""#));
     assert_eq!(get(addr, "/api", &h).await.status, 429);
+}
+
+/// `n` per minute (burst `n`) under `name`.
+fn per_minute(name: &str, n: u64) -> RuleSet {
+    let rule = Rule::per_minute(n)
+        .and_then(|r| r.with_burst(n))
+        .expect("a valid rule");
+    RuleSet::new(name, [rule]).expect("a valid rule set")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_route_follows_reloads_and_keeps_its_last_set_when_the_name_goes() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        HybridLimiter::builder()
+            .redis_url(server.url())
+            .instances(Instances::Fixed(1))
+            .deadline(DEADLINE)
+            .rule_sets([per_minute("named", 2)])
+            .build()
+            .expect("a valid limiter config"),
+    );
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key(HeaderKey::api_key("x-api-key"))
+        .route_named(Match::any("/named"), "named", 1)
+        .route_named(Match::any("/heavy"), "named", 2)
+        // By value: a reload does not reach it.
+        .route(Match::any("/fixed"), per_minute("named", 2), 1)
+        .build()
+        .expect("a valid layer");
+    let addr = serve(layer).await;
+    let statuses = |path: &'static str, key: &'static str, n: usize| async move {
+        let mut replies = Vec::new();
+        for _ in 0..n {
+            replies.push(get(addr, path, &[("x-api-key", key)]).await);
+        }
+        replies
+    };
+    let codes = |replies: &[support::Reply]| replies.iter().map(|r| r.status).collect::<Vec<_>>();
+
+    let before = statuses("/named", "a", 3).await;
+    assert_eq!(codes(&before), [200, 200, 429], "{before:#?}");
+    assert_eq!(before[0].header("x-ratelimit-limit"), "2");
+
+    // Raised to 5: the route checks against it at once, and what "a" used
+    // under the old limit counts against the new one (3 left, not 5).
+    limiter
+        .replace_rule_sets([per_minute("named", 5)])
+        .expect("a valid reload");
+    let after = statuses("/named", "a", 4).await;
+    assert_eq!(codes(&after), [200, 200, 200, 429], "{after:#?}");
+    assert_eq!(after[0].header("x-ratelimit-limit"), "5");
+    assert_eq!(after[0].header("ratelimit-policy"), r#""named.0";q=5;w=60"#);
+    // The by-value route still has its own set of 2.
+    let fixed = statuses("/fixed", "b", 3).await;
+    assert_eq!(codes(&fixed), [200, 200, 429], "{fixed:#?}");
+    assert_eq!(fixed[0].header("x-ratelimit-limit"), "2");
+
+    // A reload without the name: the route keeps limiting by the set it
+    // last used (5 per minute), neither failing nor letting requests through.
+    limiter
+        .replace_rule_sets([per_minute("other", 1)])
+        .expect("a valid reload");
+    let dropped = statuses("/named", "a", 1).await;
+    assert_eq!(codes(&dropped), [429], "{dropped:#?}");
+    assert_eq!(dropped[0].header("x-ratelimit-limit"), "5");
+    let fresh = statuses("/named", "c", 6).await;
+    assert_eq!(codes(&fresh), [200, 200, 200, 200, 200, 429], "{fresh:#?}");
+
+    // Back with a capacity below /heavy's cost of 2: no request could pass
+    // there, which is the server's fault, not the client's.
+    limiter
+        .replace_rule_sets([per_minute("named", 1)])
+        .expect("a valid reload");
+    let heavy = statuses("/heavy", "d", 1).await;
+    assert_eq!(codes(&heavy), [500], "{heavy:#?}");
+    assert!(
+        heavy[0]
+            .body
+            .contains(r#""error":"rate_limit_misconfigured""#),
+        "{}",
+        heavy[0].body
+    );
+    assert_eq!(codes(&statuses("/named", "d", 2).await), [200, 429]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
