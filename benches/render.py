@@ -44,7 +44,7 @@ LOAD_NOTES = [
     "### What the load targets come from",
     "",
     "* **A ÷ B16 at c = 50 (2.0).** Met in stop 23's run (2.04; pairs"
-    " 1.80–2.17) and stop 24's (2.10), missed in every run before"
+    " 1.80–2.17), stop 24's (2.10) and stop 25's (2.17), missed in every run before"
     " (1.37–1.92). The earlier notes"
     " called A server-bound; it was not: at c = 50 the server was about 79 %"
     " busy and the client about half of its core, because a queue waited for"
@@ -63,11 +63,13 @@ LOAD_NOTES = [
     " that waits for its answer: with one check in flight A is bound by one"
     " round trip, while B16 keeps 16 requests in flight on its one connection."
     " At c = 8, B16 has 128 requests in flight against A's 8: A reaches"
-    " 0.6–0.85× B16 in stop 23's runs (0.4–0.6× before, once 1.1×) and 1.28×"
-    " in stop 24's, so the target is missed at c = 1 only.",
+    " 0.6–0.85× B16 in stop 23's runs (0.4–0.6× before, once 1.1×), 1.28×"
+    " in stop 24's and 0.96× in stop 25's (an AMD EPYC machine; stop 24's was"
+    " an Intel Xeon): at c = 8 the target is met in some runs and not others.",
     "* **A ÷ T (0.98).** Around 1.0, with a spread wider than the target's"
     " margin: 0.96–1.04 in stop 21's runs; 0.96 before stop 22's changes and"
-    " 1.03, 1.26 and 1.40 after; 0.99 in stop 23's, 0.96 in stop 24's. The facade's own work per"
+    " 1.03, 1.26 and 1.40 after; 0.99 in stop 23's, 0.96 in stop 24's, 0.985"
+    " in stop 25's. The facade's own work per"
     " check (its boxed Redis future, the warm-start record, the metrics) is"
     " small next to the tier's; a ratio of 1.4 is the machine's speed"
     " drifting by a third between samples, which five pairs do not average"
@@ -75,7 +77,8 @@ LOAD_NOTES = [
     "* **Server script µs per check ÷ the minimal script.** A's batches cost the"
     " server 1.1–1.4× what the minimal GCRA script costs sent one per check"
     " (M16; 1.43 in stop 24's run, on a machine that ran about twice as slow"
-    " as stop 23's and with spreads of ±30 % in the server rows); B16, the check script by `EVALSHA` one per check, costs 2.4–2.6×:"
+    " as stop 23's and with spreads of ±30 % in the server rows; 1.26 in stop"
+    " 25's); B16, the check script by `EVALSHA` one per check, costs 2.4–3.1×:"
     " every `EVALSHA` runs the whole joined file again and checks every argument"
     " (the memos need a library). What the tier's checks still cost above the"
     " minimal one is in \"Where a check's server time goes\".",
