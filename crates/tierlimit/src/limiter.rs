@@ -636,14 +636,18 @@ impl HybridLimiter {
     }
 
     /// A check's first poll: the answer when no Redis call is needed (and
-    /// tracing is off), else the boxed future that will give it.
+    /// tracing is off), else the first poll of the boxed future that will
+    /// give it, which waits in `check`. Returns the poll's own output type,
+    /// so an answer decided here is built where the caller receives it.
     fn start<'a>(
         &'a self,
         key: &'a str,
         rule_set: &'a RuleSet,
         cost: u64,
         mut rules: Option<&'a mut Vec<RuleState>>,
-    ) -> std::result::Result<Result<Decision>, BoxedCheck<'a>> {
+        check: &mut Check<'a>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Decision>> {
         let span = tracing::debug_span!(
             "tierlimit_check",
             set = rule_set.name(),
@@ -652,12 +656,12 @@ impl HybridLimiter {
             allowed = tracing::field::Empty,
         );
         if !span.is_disabled() {
-            return Err(Box::pin(self.traced(span, key, rule_set, cost, rules)));
+            let traced = Box::pin(self.traced(span, key, rule_set, cost, rules));
+            return check.wait(traced, cx);
         }
         match self.decide_here(key, rule_set, cost, rules.as_deref_mut()) {
-            Err(e) => Ok(Err(e)),
-            Ok(Here::Decided(decision)) => Ok(Ok(decision)),
-            Ok(Here::AskRedis(key)) => Err(self.ask_boxed(key, rule_set, cost, rules)),
+            Here::Answer(answer) => Poll::Ready(answer),
+            Here::AskRedis(key) => check.wait(self.ask_boxed(key, rule_set, cost, rules), cx),
         }
     }
 
@@ -689,8 +693,8 @@ impl HybridLimiter {
         cost: u64,
         mut rules: Option<&mut Vec<RuleState>>,
     ) -> Result<Decision> {
-        match self.decide_here(key, rule_set, cost, rules.as_deref_mut())? {
-            Here::Decided(decision) => Ok(decision),
+        match self.decide_here(key, rule_set, cost, rules.as_deref_mut()) {
+            Here::Answer(answer) => answer,
             Here::AskRedis(key) => self.ask_boxed(key, rule_set, cost, rules).await,
         }
     }
@@ -705,23 +709,28 @@ impl HybridLimiter {
         rule_set: &RuleSet,
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
-    ) -> Result<Here<'k>> {
+    ) -> Here<'k> {
         // Validated and escaped once, for every tier this check may ask.
-        let key = CheckKey::new(key)?;
+        let key = match CheckKey::new(key) {
+            Ok(key) => key,
+            Err(e) => return Here::Answer(Err(e)),
+        };
         let escaped = key.escaped();
-        rule_set.validate_cost(cost)?;
+        if let Err(e) = rule_set.validate_cost(cost) {
+            return Here::Answer(Err(e));
+        }
         let inner = &*self.inner;
         if let Some(denied) = inner.local.cached_denial(escaped, rule_set, cost) {
-            return Ok(Here::Decided(inner.count(rule_set, denied)));
+            return Here::Answer(Ok(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
             if let Some(denied) = inner.local.settling(escaped, rule_set, cost) {
-                return Ok(Here::Decided(inner.count(rule_set, denied)));
+                return Here::Answer(Ok(inner.count(rule_set, denied)));
             }
-            return Ok(Here::AskRedis(key));
+            return Here::AskRedis(key);
         }
         let decision = inner.fallback(escaped, rule_set, cost, rules);
-        Ok(Here::Decided(inner.count(rule_set, decision)))
+        Here::Answer(Ok(inner.count(rule_set, decision)))
     }
 
     /// [`ask_redis`](Self::ask_redis)'s future, boxed. Boxed, since it is
@@ -933,7 +942,8 @@ impl std::fmt::Display for KeyHash<'_> {
 
 /// What [`HybridLimiter::decide_here`] found.
 enum Here<'k> {
-    Decided(Decision),
+    /// Decided without Redis, or refused as bad input.
+    Answer(Result<Decision>),
     /// Redis decides; the key, validated and escaped.
     AskRedis(CheckKey<'k>),
 }
@@ -964,27 +974,28 @@ impl Future for Check<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Every field is `Unpin` (references and a box).
         let this = self.get_mut();
-        let mut waiting = match std::mem::replace(this, Check::Done) {
+        match std::mem::replace(this, Check::Done) {
             Check::Start {
                 limiter,
                 key,
                 rule_set,
                 cost,
                 rules,
-            } => match limiter.start(key, rule_set, cost, rules) {
-                Ok(answer) => return Poll::Ready(answer),
-                Err(boxed) => boxed,
-            },
-            Check::Waiting(boxed) => boxed,
+            } => limiter.start(key, rule_set, cost, rules, this, cx),
+            Check::Waiting(boxed) => this.wait(boxed, cx),
             Check::Done => panic!("a tierlimit check polled after it completed"),
-        };
-        match waiting.as_mut().poll(cx) {
-            Poll::Ready(answer) => Poll::Ready(answer),
-            Poll::Pending => {
-                *this = Check::Waiting(waiting);
-                Poll::Pending
-            }
         }
+    }
+}
+
+impl<'a> Check<'a> {
+    /// Polls `boxed`; keeps it in `self` to be polled again while it is pending.
+    fn wait(&mut self, mut boxed: BoxedCheck<'a>, cx: &mut Context<'_>) -> Poll<Result<Decision>> {
+        let polled = boxed.as_mut().poll(cx);
+        if polled.is_pending() {
+            *self = Check::Waiting(boxed);
+        }
+        polled
     }
 }
 
@@ -1032,7 +1043,7 @@ impl Inner {
 
     #[inline(always)]
     fn count(&self, set: &RuleSet, decision: Decision) -> Decision {
-        self.labels.decision(set, &decision);
+        self.labels.decision(set, decision.tier, decision.allowed);
         decision
     }
 
@@ -1060,14 +1071,16 @@ impl Inner {
     ) -> Decision {
         match set.policy().unwrap_or(self.default_policy) {
             Policy::LocalFallback => {
-                let answer = self.instances.get().map(|n| match rules {
-                    Some(rules) => self.local.check_rules(escaped, set, cost, n, true, rules),
-                    None => self.local.check(escaped, set, cost, n, true),
-                });
-                match answer {
-                    Some(LocalAnswer::Decided(d)) => d,
-                    _ => self.fixed_answer(self.overflow_policy, escaped, set, cost),
+                if let Some(n) = self.instances.get() {
+                    let answer = match rules {
+                        Some(rules) => self.local.check_rules(escaped, set, cost, n, true, rules),
+                        None => self.local.check(escaped, set, cost, n, true),
+                    };
+                    if let LocalAnswer::Decided(d) = answer {
+                        return d;
+                    }
                 }
+                self.fixed_answer(self.overflow_policy, escaped, set, cost)
             }
             policy => self.fixed_answer(policy, escaped, set, cost),
         }

@@ -14,7 +14,7 @@ use metrics::{
     Counter, Histogram, SharedString, Unit, counter, describe_counter, describe_gauge,
     describe_histogram,
 };
-use tierlimit_core::{Decision, RuleSet, Tier};
+use tierlimit_core::{RuleSet, Tier};
 
 use crate::breaker::BreakerState;
 
@@ -252,14 +252,18 @@ impl Labels {
         }
     }
 
-    pub(crate) fn decision(&self, set: &RuleSet, decision: &Decision) {
-        let outcome = usize::from(!decision.allowed);
-        let Some(tier) = TIERS.iter().position(|t| *t == decision.tier) else {
+    /// Counts a decision by `tier` that admitted or not. Takes the two
+    /// fields, not the decision: a check's decision then never has its
+    /// address taken on the way to its caller, so it is built where it is
+    /// returned instead of being copied there.
+    pub(crate) fn decision(&self, set: &RuleSet, tier: Tier, allowed: bool) {
+        let outcome = usize::from(!allowed);
+        let Some(index) = TIERS.iter().position(|t| *t == tier) else {
             counter!(
                 DECISIONS,
                 "limiter" => self.limiter.clone(),
                 "set" => set.name().to_owned(),
-                "tier" => decision.tier.as_str(),
+                "tier" => tier.as_str(),
                 "outcome" => ["allowed", "denied"][outcome]
             )
             .increment(1);
@@ -274,7 +278,7 @@ impl Labels {
                 _ => *cached = Some(Box::new(self.decision_counters(set))),
             }
             if let Some(c) = cached {
-                c.counters[tier][outcome].increment(1);
+                c.counters[index][outcome].increment(1);
             }
         });
     }
