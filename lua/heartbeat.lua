@@ -26,7 +26,7 @@ end
 
 redis.call('ZADD', KEYS[1], format('%d', now + ttl), ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', format('%d', now))
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local last = redis.call('ZRANGE', KEYS[1], '-1', '-1', 'WITHSCORES')
 local keep_us = tonumber(last[2]) - now
 redis.call('PEXPIRE', KEYS[1], format('%d', max(1, ceil(keep_us / 1000))))
 return redis.call('ZCARD', KEYS[1])
