@@ -339,9 +339,10 @@ def peer_section(rows):
     return out + [""]
 
 
-def missed_why(r, allocs):
+def missed_why(r, allocs, ratios):
     """What the numbers say about a missed target: the extra time, and for the
-    local path the allocations per check against governor's."""
+    local path the allocations per check against governor's and what the
+    facade costs around a bucket (its FailClosed answer, which asks none)."""
     extra = r["a_ns"]["median"] - r["b_ns"]["median"]
     why = f"{fmt_ns(extra)} more per check than `{r['b']}`"
     local = allocs.get("local/existing-key")
@@ -351,6 +352,27 @@ def missed_why(r, allocs):
             f"; on a key that has a bucket the check makes {f['allocs']:.1f} allocations"
             f" ({f['bytes']:,.0f} bytes) where `{u['what']}` makes {u['allocs']:.1f}"
         )
+    if r["bench"] == "local":
+        closed = [
+            x
+            for x in ratios
+            if x["bench"] == "local" and x["title"].startswith("FailClosed, ")
+        ]
+        alone = [x for x in ratios if x["title"].startswith("the local tier alone")]
+        if closed:
+            why += "; `FailClosed`, which answers without any bucket, measured " + " and ".join(
+                f"{x['ratio']['median']:.2f} ({x['title'].split(', ')[1]})" for x in closed
+            ) + " × governor in this run: the facade's work around the bucket (key validation, the policy, the breaker, the metrics, the Decision)"
+            if min(x["ratio"]["median"] for x in closed) >= 0.9:
+                why += (
+                    " costs about governor's whole check, so no local tier, however fast,"
+                    " brings this check within 1.10× of governor"
+                    " (`benches/instructions.sh` counts the same in instructions)"
+                )
+            else:
+                why += " takes that share of governor's check"
+        if alone:
+            why += f"; the local tier alone measured {alone[0]['ratio']['median']:.2f}×"
     return why
 
 
@@ -416,7 +438,7 @@ def main():
             f" target ≤ {r['target_max']:.2f}"
         )
         if r in missed:
-            md.append(f"* **MISSED**: {line}. Why: {missed_why(r, allocs)}.")
+            md.append(f"* **MISSED**: {line}. Why: {missed_why(r, allocs, ratios)}.")
         else:
             md.append(f"* met: {line}.")
     md += [

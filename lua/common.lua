@@ -42,10 +42,10 @@
 -- (check.lua, check_batch.lua, reconcile.lua, heartbeat.lua) binds them
 -- first: `if floor == nil then bind_std() end`, on every call of a script
 -- and on the first call of a library's function.
-local floor, ceil, max, min, format, match, sub
+local floor, ceil, max, min, format, match, find, sub
 local function bind_std()
   floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-  format, match, sub = string.format, string.match, string.sub
+  format, match, find, sub = string.format, string.match, string.find, string.sub
 end
 
 -- The bounds of tierlimit_core (rule.rs), so a call by hand meets the same

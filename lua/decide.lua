@@ -181,6 +181,12 @@ local function check_one(k0, rules, a0)
   -- Every argument is read and checked before the first redis.call.
   check_keys(k0, rules)
   local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
+  if rules == 1 then
+    -- No table of one rule's arguments (most sets have one rule).
+    local rule = rule_args('check', a0 + 3)
+    check_capacity(cost, ARGV[a0 + 2], 1, rule[4])
+    return decide_one(k0, rule, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+  end
   local args = {}
   for i = 1, rules do
     local rule = rule_args('check', a0 + 3 + 5 * (i - 1))

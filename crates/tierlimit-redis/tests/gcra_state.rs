@@ -60,3 +60,55 @@ async fn a_whole_tat_has_no_fraction_and_a_fractional_one_keeps_it() {
         assert_eq!(remaining, expected, "{}", set.name());
     }
 }
+
+/// A value no script of ours wrote (set by hand, say) is no state: the check
+/// finds a full bucket and writes a valid TAT over it, whatever Lua's
+/// `tonumber` would make of the text (it reads "nan", "inf" and hex).
+#[tokio::test]
+async fn a_value_no_script_wrote_is_a_full_bucket() {
+    let server = RedisServer::start();
+    let tier = tier(&server.url());
+    let mut conn = server.conn().await;
+    let set = set(
+        "junk",
+        [rule(Algorithm::Gcra, 10, Duration::from_secs(3600))],
+    );
+    let junk = [
+        "nan@10",
+        "inf@10",
+        "-inf@10",
+        "1e400@10",
+        "-5@10",
+        "99999999999999999999@10",
+        "0x7fffffffffffffff@10",
+        "1700000000000000@nan",
+        "1700000000000000@0",
+        "1700000000000000.5.5@inf",
+        "abc",
+        "@10",
+        "17000000000000001",
+    ];
+    for (i, value) in junk.into_iter().enumerate() {
+        let user = format!("u{i}");
+        let key = storage_key(&set, &user, 0);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        let outcome = tier.check(&user, &set, 1).await.expect("a healthy check");
+        assert!(
+            outcome.decision.allowed && outcome.decision.remaining == 9,
+            "{value:?}: {:?}",
+            outcome.decision
+        );
+        let written = stored(&mut conn, &key).await;
+        let (tat, limit) = written.split_once('@').expect("<TAT>@<limit>");
+        assert_eq!(limit, "10", "{value:?} became {written}");
+        assert!(
+            tat.parse::<u64>().is_ok_and(|t| t > 1_700_000_000_000_000),
+            "{value:?} became {written}"
+        );
+    }
+}
