@@ -137,11 +137,10 @@ fn variants() -> Vec<(&'static str, String)> {
     );
     let no_pcall = joined(&common1, ALGORITHMS[0], &decide2, &main2);
     // 3. The "<TAT>@<limit>" string: store the integer TAT only.
-    let gcra3 = edit(ALGORITHMS[0], "sub(format('%.17f', rel - whole), 2)", "''");
     let gcra3 = edit(
-        &gcra3,
-        "format('%d%s@%d', now + whole, frac, limit)",
-        "format('%d', now + whole)",
+        ALGORITHMS[0],
+        "  if rel > whole then\n    value = format('%d%s@%d', now + whole, sub(format('%.17f', rel - whole), 2), limit)\n  else\n    value = format('%d@%d', now + whole, limit)\n  end\n",
+        "  value = format('%d', now + whole)\n",
     );
     let no_string = joined(&common1, &gcra3, &decide2, &main2);
     // 4. The four other algorithms' definitions (re-created on every call).
