@@ -19,7 +19,8 @@
 --                             returned as a table { code, limit, period,
 --                             capacity, offset } the caller must not change
 --                             (it is memoised: see RULES_SEEN);
---   script_now(arg)           the caller's µs timestamp, or the server's TIME
+--   server_time()             the server's TIME in µs since the Unix epoch;
+--   script_now(arg)           the caller's µs timestamp, or server_time()
 --                             when arg is "0";
 --   pexpire_us(key, us)       PEXPIRE rounded up to whole ms, at least 1;
 --   window_load(key, cur, keep_previous)
@@ -161,11 +162,15 @@ local function rule_args(script, a)
   return rule
 end
 
+local function server_time()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
 local function script_now(arg)
   local now = tonumber(arg)
   if now == 0 then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    now = server_time()
   end
   return now
 end

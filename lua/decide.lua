@@ -36,7 +36,7 @@ local server_now = nil
 local function call_now(arg)
   if arg == '0' then
     if server_now == nil then
-      server_now = script_now('0')
+      server_now = server_time()
     end
     return server_now
   end
