@@ -52,8 +52,8 @@ local GCRA_SLACK_US = 1e-3
 -- at `limit` it drains until it is rewritten (written / limit when rescaled,
 -- else 1); nil when the key holds none. Shared with reconcile.lua.
 --
--- Split at '@' and '.' by plain finds, not a pattern: a third of the
--- pattern's time (0.25 against 0.37 µs in a loop of 200,000 on Redis 7.0).
+-- Split at '@' and '.' by plain finds, not a pattern: a third less time than
+-- the pattern took (0.25 against 0.37 µs in a loop of 200,000 on Redis 7.0).
 -- The whole part is read apart from the fraction, so it stays exact. A value
 -- no script of ours wrote (by hand, say) holds no state unless both numbers
 -- read as finite and in range: tonumber takes more than digits ("0x1f",
