@@ -374,7 +374,7 @@ def missed_why(r, allocs, ratios):
             if min(x["ratio"]["median"] for x in closed) >= 0.9:
                 why += (
                     " costs about governor's whole check, so no local tier, however fast,"
-                    " brings this check within 1.10× of governor"
+                    f" brings this check within {r['target_max']:.2f}× of governor"
                     " (`benches/instructions.sh` counts the same in instructions)"
                 )
             else:
