@@ -259,6 +259,69 @@ def script_table(rows):
     return out
 
 
+# What each peer's script leaves out that tierlimit's check does, read from
+# the scripts at the commits `benches/peer-scripts.sh` pins (in our words):
+# the why of a missed peer target, beside the same run's numbers.
+PEER_DIFFERENCES = {
+    "Gcra": "redis_rate reads `TIME`, one `GET` and one `SET EX` as tierlimit does;"
+    " it checks no argument, keeps the TAT as a bare float of seconds (a changed"
+    " limit misreads it, where tierlimit stores the limit with the TAT and"
+    " rescales), and answers 4 values where tierlimit answers 6 integers from"
+    " 8 arguments (its rule-set layout, shared by all five algorithms and by"
+    " multi-rule sets).",
+    "TokenBucket": "Spring Cloud Gateway takes the time from the caller (no"
+    " `TIME`), keeps tokens and timestamp in two keys (two `GET`s, two"
+    " `SETEX`es, written on denials too) and checks no argument.",
+    "SlidingWindow": "upstash takes the time from the caller in milliseconds"
+    " (no `TIME`; tierlimit reads the server's, so instances whose clocks"
+    " disagree still count one window), keeps each window in a string key the"
+    " caller names (`GET` of the current and previous window, `INCRBY`, and a"
+    " `PEXPIRE` once per window) where tierlimit keeps one hash per key"
+    " (`HMGET` of three fields, `HSET`), checks no argument, and answers 2"
+    " integers where tierlimit answers 6.",
+    "FixedWindow": "rate-limiter-flexible reads no clock: a window starts at"
+    " a key's first request and lasts its TTL (`SET NX EX`, `INCRBY`, `PTTL`),"
+    " so its windows are not aligned to the clock (no calendar hours or days,"
+    " no UTC offset, as tierlimit's are); it counts denied requests too (the"
+    " `INCRBY` comes before the caller compares), checks no argument and"
+    " answers 2 integers. tierlimit reads `TIME`, `HMGET`s two fields and, when"
+    " it admits, `HSET`s one (two and a `PEXPIRE` in a new window).",
+}
+
+
+def peer_misses(rows):
+    """Why each missed algorithm misses: the same run's gap in µs and what the
+    peer's script leaves out."""
+    gaps = {}
+    for r in rows:
+        if r.get("kind") != "peer_script" or not r["measured"]:
+            continue
+        for key, way in (("ratio", "one check per call"), ("batched_ratio", "batched")):
+            if r.get(key) is not None and r[key]["median"] > r["target_max"]:
+                mine = (
+                    r["tierlimit_usec_per_call"]
+                    if key == "ratio"
+                    else r["tierlimit_batched_usec_per_check"]
+                )
+                gap = mine["median"] - r["peer_usec_per_call"]["median"]
+                gaps.setdefault(r["algorithm"], []).append(
+                    f"{way}, P{r['pipeline']}: {gap:+.2f} µs ({r[key]['median']:.2f}×)"
+                )
+    if not gaps:
+        return []
+    out = [
+        "",
+        "Why the misses (tierlimit's µs per check minus the peer's, this run;"
+        " what the stub functions of \"Where a check's server time goes\""
+        " measured: an `FCALL` with the check's arguments and reply costs about"
+        " 1.4 µs doing nothing, `TIME` 0.8, a `GET` 0.6):",
+        "",
+    ]
+    for alg, lines in gaps.items():
+        out.append(f"* `{alg}` ({'; '.join(lines)}): {PEER_DIFFERENCES.get(alg, '')}")
+    return out
+
+
 def peer_section(rows):
     """The section of benches/src/bin/peer-scripts.rs: tierlimit's check by
     FCALL against each algorithm's peer script by EVALSHA."""
@@ -336,6 +399,7 @@ def peer_section(rows):
                 f"{way.capitalize()}: {met.get(key, 0)} of {counted.get(key, 0)} measured rows meet the target;"
                 f" per algorithm (met when every pipeline depth meets it): {', '.join(verdicts)}.",
             ]
+        out += peer_misses(rows)
     else:
         out += ["", "No algorithm measured: the peers' scripts were not given (see above)."]
     out += ["", "The peers' scripts:", ""]

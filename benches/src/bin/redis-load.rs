@@ -120,6 +120,9 @@ struct Sample {
     script_calls_per_check: f64,
     script_us_per_check: f64,
     cpu_us_per_check: f64,
+    /// A and T only: this process's CPU µs per check (its one thread runs the
+    /// checks and the connection), NaN when the kernel does not say.
+    client_cpu_us_per_check: f64,
     /// A and T only: checks denied, and of those the ones Redis decided.
     denied: u64,
     denied_by_redis: u64,
@@ -249,6 +252,7 @@ fn main() {
                 "script_calls_per_check": s.script_calls_per_check,
                 "script_us_per_check": s.script_us_per_check,
                 "cpu_us_per_check": s.cpu_us_per_check,
+                "client_cpu_us_per_check": s.client_cpu_us_per_check,
                 "denied": s.denied, "denied_by_redis": s.denied_by_redis,
                 "not_redis": s.not_redis,
             })
@@ -286,6 +290,25 @@ fn hot_key_of(i: u64) -> String {
 /// A latency in ns (saturating; no check takes 584 years).
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// CPU time this thread has run, in ns (`/proc/thread-self/schedstat`); the
+/// bench's runtime is one thread, which runs the checks and the connection.
+fn thread_cpu_ns() -> Option<u64> {
+    fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// This thread's CPU µs per check since `before` (NaN when unknown).
+fn cpu_since(before: Option<u64>, checks: u64) -> f64 {
+    match (before, thread_cpu_ns()) {
+        (Some(b), Some(a)) => a.saturating_sub(b) as f64 / 1000.0 / checks as f64,
+        _ => f64::NAN,
+    }
 }
 
 /// The `q` quantile of sorted ns latencies, in µs.
@@ -415,6 +438,7 @@ impl Bench {
         let (cold, hot_keys) = (self.cold_keys.clone(), self.hot_keys.clone());
         let per_task = n / c as u64;
         let started = Instant::now();
+        let cpu_before = thread_cpu_ns();
         let results = self.rt.block_on(async {
             let local = tokio::task::LocalSet::new();
             let mut handles = Vec::new();
@@ -458,6 +482,7 @@ impl Bench {
                 .await
         });
         let elapsed = started.elapsed();
+        let client_cpu = cpu_since(cpu_before, per_task * c as u64);
         let after = self.server_stats();
         let mut lat = Vec::new();
         let mut s = Sample {
@@ -470,6 +495,7 @@ impl Bench {
             .into(),
             c,
             checks: per_task * c as u64,
+            client_cpu_us_per_check: client_cpu,
             ..Sample::default()
         };
         for (l, d, dr, nr) in results {
@@ -493,6 +519,7 @@ impl Bench {
         let cold = self.cold_keys.clone();
         let per_task = n / c as u64;
         let started = Instant::now();
+        let cpu_before = thread_cpu_ns();
         let results = self.rt.block_on(async {
             let local = tokio::task::LocalSet::new();
             let mut handles = Vec::new();
@@ -521,6 +548,7 @@ impl Bench {
                 .await
         });
         let elapsed = started.elapsed();
+        let client_cpu = cpu_since(cpu_before, per_task * c as u64);
         let after = self.server_stats();
         let mut lat = results;
         lat.sort_unstable();
@@ -531,6 +559,7 @@ impl Bench {
             per_sec: (per_task * c as u64) as f64 / elapsed.as_secs_f64(),
             p50_us: percentile(&lat, 0.5),
             p99_us: percentile(&lat, 0.99),
+            client_cpu_us_per_check: client_cpu,
             ..Sample::default()
         };
         self.record(s, before, after);
@@ -601,6 +630,8 @@ impl Bench {
             side: side.into(),
             c,
             checks: n,
+            // redis-benchmark is another process: not this one's CPU.
+            client_cpu_us_per_check: f64::NAN,
             ..Sample::default()
         };
         for (i, child) in children.into_iter().enumerate() {
@@ -653,6 +684,7 @@ impl Bench {
             per_sec: row.0,
             p50_us: row.1 * 1000.0,
             p99_us: row.2 * 1000.0,
+            client_cpu_us_per_check: f64::NAN,
             ..Sample::default()
         };
         self.record(s, before, after);
@@ -794,6 +826,13 @@ fn report(samples: &[Sample], plan: Plan, pinned: bool, seconds: u64) -> String 
         "≥ 0.98",
         facade >= 0.98,
     );
+    // Which side's core bounds A and T decides whether the facade's own work
+    // shows in checks/s: this is that work, in client CPU.
+    let client = pair_ratio(samples, "A", "T", c, |s| s.client_cpu_us_per_check);
+    let _ = writeln!(
+        md,
+        "| A ÷ T client CPU µs per check (this process's one thread), c = 50 | {client:.3} | (no target) | – |"
+    );
     // What a check costs the server as the tier sends it (A: batches of
     // FCALLs of the library), then as the naive design sends the same code
     // (B16: one EVALSHA of the check script per check), each over the
@@ -821,7 +860,7 @@ fn report(samples: &[Sample], plan: Plan, pinned: bool, seconds: u64) -> String 
     md.push_str("### Sweep\n\n");
     md.push_str("![checks/s by concurrency](benches/redis-load-sweep.svg)\n\n");
     md.push_str(
-        "| c | side | checks/s | p50 µs | p99 µs | script calls / check | script µs / check | server CPU µs / check | A ÷ side (checks/s) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| c | side | checks/s | p50 µs | p99 µs | script calls / check | script µs / check | server CPU µs / check | client CPU µs / check | A ÷ side (checks/s) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for c in SWEEP {
         for side in ["A", "A1", "T", "B1", "B16", "M16"] {
@@ -833,9 +872,15 @@ fn report(samples: &[Sample], plan: Plan, pinned: bool, seconds: u64) -> String 
             } else {
                 format!("{:.2}", pair_ratio(samples, "A", side, c, tput))
             };
+            let client = med(samples, side, c, |s| s.client_cpu_us_per_check);
+            let client = if client.is_finite() {
+                format!("{client:.2}")
+            } else {
+                "–".to_string()
+            };
             let _ = writeln!(
                 md,
-                "| {c} | {side} | {:.0} | {:.1} | {:.1} | {:.3} | {:.2} | {:.2} | {ratio} |",
+                "| {c} | {side} | {:.0} | {:.1} | {:.1} | {:.3} | {:.2} | {:.2} | {client} | {ratio} |",
                 med(samples, side, c, tput),
                 med(samples, side, c, |s| s.p50_us),
                 med(samples, side, c, |s| s.p99_us),
