@@ -30,8 +30,9 @@ PARTS_NOTES = [
     " check costs above the minimal GET + SET PX loop is then the generic"
     " decision: the `pcall` per request and per rule, the dispatch through"
     " CHECKS/COMMITS, the per-request layout and reply tables, and the"
-    " `<TAT>@<limit>` string. One check per call, measured with stub functions"
-    " on this machine (server µs per call, median of 2,400): an `FCALL` with the"
+    " `<TAT>@<limit>` string. One check per call, measured once by hand with"
+    " stub functions, not by this command (an earlier session's machine, about"
+    " twice as fast as stop 27's; server µs per call, median of 2,400): an `FCALL` with the"
     " check's 8 arguments and a 6-integer reply costs 1.4 µs doing nothing, TIME"
     " 0.8, a GET 0.6, a SET with PX 1.4; the minimal GCRA function adds 1.2 µs of"
     " Lua to those, tierlimit's check 2.5 µs (about 6.8 against 5.5 µs in all).",
@@ -312,9 +313,10 @@ def peer_misses(rows):
     out = [
         "",
         "Why the misses (tierlimit's µs per check minus the peer's, this run;"
-        " what the stub functions of \"Where a check's server time goes\""
-        " measured: an `FCALL` with the check's arguments and reply costs about"
-        " 1.4 µs doing nothing, `TIME` 0.8, a `GET` 0.6):",
+        " what each part costs, measured with stub functions, is in \"Where a"
+        " check's server time goes\": on the machine that measured them an"
+        " `FCALL` with the check's arguments and reply cost 1.4 µs doing"
+        " nothing, `TIME` 0.8, a `GET` 0.6):",
         "",
     ]
     for alg, lines in gaps.items():

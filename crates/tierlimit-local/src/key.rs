@@ -9,10 +9,18 @@
 //! bucket's engine, a denial's set, a warm seed's capacities) and converts or
 //! ignores it, in `tier.rs`. A check looks a key up through [`Probe`] with the
 //! borrowed set and key, so only a key seen for the first time is allocated.
+//!
+//! A stored key of up to 23 bytes (most user keys: ids, IPs, API keys) is
+//! kept inline in the map's slot ([`SmolStr`]), so finding it compares bytes
+//! already at hand: a `String` sent every lookup to another cache line, which
+//! on 100,000 keys was a miss per lookup (the warm-start record of every
+//! healthy check was the facade's largest cost under load, perf on the
+//! `redis-load` bench's A side).
 
 use std::borrow::{Borrow, Cow};
 use std::hash::{Hash, Hasher};
 
+use smol_str::SmolStr;
 use tierlimit_core::RuleSet;
 
 use dashmap::mapref::one::RefMut;
@@ -30,14 +38,32 @@ use crate::bounded::{BoundedMap, KeyBytes, ValueBytes};
 #[derive(Debug, Clone)]
 pub(crate) struct Probe<'a> {
     set: Cow<'a, RuleSet>,
-    key: Cow<'a, str>,
+    key: KeyText<'a>,
+}
+
+/// A user key, borrowed or owned: inline up to 23 bytes, shared on the heap
+/// beyond.
+#[derive(Debug, Clone)]
+enum KeyText<'a> {
+    Borrowed(&'a str),
+    Owned(SmolStr),
+}
+
+impl KeyText<'_> {
+    #[inline]
+    fn as_str(&self) -> &str {
+        match self {
+            KeyText::Borrowed(key) => key,
+            KeyText::Owned(key) => key.as_str(),
+        }
+    }
 }
 
 impl<'a> Probe<'a> {
     pub(crate) fn new(set: &'a RuleSet, key: &'a str) -> Self {
         Probe {
             set: Cow::Borrowed(set),
-            key: Cow::Borrowed(key),
+            key: KeyText::Borrowed(key),
         }
     }
 }
@@ -48,14 +74,15 @@ impl Hash for Probe<'_> {
         state.write_u64(self.set.identity_hash());
         // The key's bytes without `str`'s end marker: the identity before it
         // has a fixed length, so no two (set, key) pairs feed the same bytes.
-        state.write(self.key.as_bytes());
+        state.write(self.key.as_str().as_bytes());
     }
 }
 
 impl PartialEq for Probe<'_> {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        same_bytes(self.key.as_bytes(), other.key.as_bytes()) && self.set.same_identity(&other.set)
+        same_bytes(self.key.as_str().as_bytes(), other.key.as_str().as_bytes())
+            && self.set.same_identity(&other.set)
     }
 }
 
@@ -90,7 +117,7 @@ impl LocalKey {
     pub(crate) fn new(set: &RuleSet, key: &str) -> Self {
         LocalKey(Probe {
             set: Cow::Owned(set.clone()),
-            key: Cow::Owned(key.to_owned()),
+            key: KeyText::Owned(SmolStr::new(key)),
         })
     }
 
@@ -99,7 +126,7 @@ impl LocalKey {
     }
 
     pub(crate) fn key(&self) -> &str {
-        &self.0.key
+        self.0.key.as_str()
     }
 }
 
@@ -112,7 +139,13 @@ impl<'a> Borrow<Probe<'a>> for LocalKey {
 
 impl KeyBytes for LocalKey {
     fn key_bytes(&self) -> usize {
-        self.0.key.len()
+        match &self.0.key {
+            // An `Arc<str>`: the text and two counts.
+            KeyText::Owned(key) if key.is_heap_allocated() => {
+                key.len() + 2 * std::mem::size_of::<usize>()
+            }
+            _ => 0,
+        }
     }
 }
 
@@ -131,7 +164,27 @@ impl<V: ValueBytes> BoundedMap<LocalKey, V> {
 
 #[cfg(test)]
 mod tests {
-    use super::same_bytes;
+    use super::{KeyBytes, LocalKey, Probe, same_bytes};
+    use tierlimit_core::{Rule, RuleSet};
+
+    #[test]
+    fn a_short_key_is_inline_and_a_long_one_is_charged_its_heap_text() {
+        let set = RuleSet::new("api", [Rule::per_second(1).expect("valid")]).expect("valid");
+        let short = "k".repeat(23);
+        let long = "k".repeat(24);
+        assert_eq!(LocalKey::new(&set, &short).key_bytes(), 0);
+        assert_eq!(
+            LocalKey::new(&set, &long).key_bytes(),
+            24 + 2 * std::mem::size_of::<usize>()
+        );
+        // Either way the owned key is found by a borrowed probe.
+        for key in [short, long] {
+            let owned = LocalKey::new(&set, &key);
+            let probe: &Probe<'_> = std::borrow::Borrow::borrow(&owned);
+            assert_eq!(probe, &Probe::new(&set, &key));
+            assert_eq!(owned.key(), key);
+        }
+    }
 
     #[test]
     fn same_bytes_is_slice_equality() {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use smallvec::SmallVec;
 use tierlimit_core::{
     Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, window_index,
 };
@@ -428,13 +429,18 @@ struct Warm {
     expires_us: u64,
     /// Per rule, the remaining Redis reported and the rule's capacity then
     /// (a seed for other limits keeps what was used); its length never
-    /// changes (a key's identity fixes its rules).
-    remaining: Box<[(u64, u64)]>,
+    /// changes (a key's identity fixes its rules). Inline for one rule, so
+    /// recording a healthy check's report touches no other cache line.
+    remaining: SmallVec<[(u64, u64); 1]>,
 }
 
 impl ValueBytes for Warm {
     fn value_bytes(&self) -> usize {
-        self.remaining.len() * std::mem::size_of::<(u64, u64)>()
+        if self.remaining.spilled() {
+            self.remaining.capacity() * std::mem::size_of::<(u64, u64)>()
+        } else {
+            0
+        }
     }
 }
 
@@ -1009,7 +1015,7 @@ impl LocalTier {
         let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
             seen_at_us: 0,
             expires_us: 0,
-            remaining: vec![(0, 0); set.rules().len()].into_boxed_slice(),
+            remaining: smallvec::smallvec![(0, 0); set.rules().len()],
         }) else {
             return;
         };
