@@ -223,7 +223,9 @@ def alloc_table(rows):
         if u:
             under = f"`{u['what']}`"
             under_nums = f"{u['allocs']:.1f} / {u['bytes']:,.0f}"
-            share = f"{f['allocs'] - u['allocs']:.1f} / {f['bytes'] - u['bytes']:,.0f}"
+            # Rounded before it is shown: a difference of two averages that
+            # agree to the digit would print as "-0.0".
+            share = f"{round(f['allocs'] - u['allocs'], 1) + 0.0:.1f} / {f['bytes'] - u['bytes']:,.0f}"
         else:
             under, under_nums, share = "none", "–", f"{f['allocs']:.1f} / {f['bytes']:,.0f}"
         out.append(

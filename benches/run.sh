@@ -22,7 +22,8 @@ export TIERLIMIT_BENCH_OUT=$out
 # The commit measured; "modified" when the code differs from it (the report
 # itself does not count).
 git_state=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)BENCHMARKS.md' 2>/dev/null)" ]; then
+# This run's own outputs (the report and the sweep chart) do not count.
+if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)BENCHMARKS.md' ':(exclude)benches/redis-load-sweep.svg' 2>/dev/null)" ]; then
     git_state="$git_state with uncommitted changes"
 fi
 echo "$git_state on $(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)" > "$out/git.txt"
