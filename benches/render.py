@@ -46,10 +46,11 @@ LOAD_NOTES = [
     "",
     "* **A ÷ B16 at c = 50 (2.0).** Met in stop 23's run (2.04; pairs"
     " 1.80–2.17), stop 24's (2.10) and stop 25's (2.17), missed in every run before"
-    " (1.37–1.92); stop 26's three runs measured 2.01, 2.10 and 1.83 (this file"
-    " is the last), on a machine whose Redis answered an empty script in"
-    " 0.6 µs against stop 25's 4.1, so the client's core, not the server's,"
-    " bounds A there. The earlier notes"
+    " (1.37–1.92); stop 26's three runs measured 2.01, 2.10 and 1.83, on a"
+    " machine whose Redis answered an empty script in 0.6 µs against stop"
+    " 25's 4.1, so the client's core, not the server's, bounds A there; stop"
+    " 27's, on a machine about twice as slow whose server's core bounds A,"
+    " 2.14, 2.19 and this run's. The earlier notes"
     " called A server-bound; it was not: at c = 50 the server was about 79 %"
     " busy and the client about half of its core, because a queue waited for"
     " one of the two calls in flight to end unless it reached `max_batch`, so"
@@ -69,24 +70,38 @@ LOAD_NOTES = [
     " At c = 8, B16 has 128 requests in flight against A's 8: A reaches"
     " 0.6–0.85× B16 in stop 23's runs (0.4–0.6× before, once 1.1×), 1.28×"
     " in stop 24's, 0.96× in stop 25's (an AMD EPYC machine; stop 24's was"
-    " an Intel Xeon) and 0.92× and 0.88× in stop 26's: at c = 8 the target is"
-    " met in some runs and not others.",
-    "* **A ÷ T (0.98).** Around 1.0, with a spread wider than the target's"
-    " margin: 0.96–1.04 in stop 21's runs; 0.96 before stop 22's changes and"
-    " 1.03, 1.26 and 1.40 after; 0.99 in stop 23's, 0.96 in stop 24's, 0.985"
-    " in stop 25's; 0.91, 1.02 and 0.86 in stop 26's three runs of the same"
-    " facade code (its changes were in the scripts, which A and T share)."
-    " The facade's own work per"
-    " check (its boxed Redis future, the warm-start record, the metrics) is"
-    " small next to the tier's; a ratio of 1.4 is the machine's speed"
-    " drifting by a third between samples, which five pairs do not average"
-    " out.",
+    " an Intel Xeon), 0.92× and 0.88× in stop 26's and 0.80× and 0.85× in"
+    " stop 27's first two: at c = 8 the target is met in some runs and not"
+    " others.",
+    "* **A ÷ T (0.98).** The facade's own work per healthy check is not small"
+    " beside the bare tier's client work; it shows in checks/s where the"
+    " client's core bounds both sides, and hardly where the server's does."
+    " The row \"A ÷ T client CPU µs per check\" (since stop 27) measures it:"
+    " A's one thread spent 1.18× T's CPU per check in stop 27's run before the"
+    " change below and 1.21× in its run after. `perf` of each side alone (600,000 checks at"
+    " c = 50, stop 27) put half of A's extra samples in one map lookup, the"
+    " warm-start record every healthy check writes (`LocalTier::remember`),"
+    " and skipping that record took the CPU ratio from 1.25 and 1.32 to 1.11"
+    " and 1.18 (two runs each, medians of 7 pairs). Since stop 27 a key of"
+    " up to 23 bytes and a one-rule record live inline in the map entry"
+    " (`crates/tierlimit-local/src/key.rs`): that lookup then took a fifth of"
+    " the samples (737 against 3,756, a cold run, most of the saving the new"
+    " keys' two allocations), but the load bench's ratio did not move beyond"
+    " its noise. The rest is the facade's other per-check work: its boxed"
+    " Redis future, its clock reads, the metrics. So A ÷ T measured 0.974,"
+    " 0.910 and this run's value on stop 27's machine (server-bound: Redis"
+    " took about two thirds of all `perf` samples), 0.91, 1.02 and 0.86 on"
+    " stop 26's (its Redis answered an empty script in 0.6 µs, so the client"
+    " bounded A; the notes then put the spread down to drift, but it was this"
+    " CPU), and 0.96–1.40 in stops 21–25.",
     "* **Server script µs per check ÷ the minimal script.** A's batches cost the"
     " server 1.1–1.4× what the minimal GCRA script costs sent one per check"
     " (M16; 1.43 in stop 24's run, on a machine that ran about twice as slow"
     " as stop 23's and with spreads of ±30 % in the server rows; 1.26 in stop"
     " 25's; 1.07, 1.08 and 1.04 in stop 26's three runs, as GCRA's state parse"
-    " and clamps got cheaper, all within one run's spread); B16, the check script by"
+    " and clamps got cheaper, all within one run's spread; 1.08 and 1.03 in"
+    " stop 27's first two, 0.83 in its third: on that noisy machine the server"
+    " rows spread by a quarter between runs of the same code); B16, the check script by"
     " `EVALSHA` one per check, costs 2.4–3.1×:"
     " every `EVALSHA` runs the whole joined file again and checks every argument"
     " (the memos need a library). What the tier's checks still cost above the"
@@ -306,15 +321,17 @@ def peer_misses(rows):
                     if key == "ratio"
                     else r["tierlimit_batched_usec_per_check"]
                 )
-                gap = mine["median"] - r["peer_usec_per_call"]["median"]
                 gaps.setdefault(r["algorithm"], []).append(
-                    f"{way}, P{r['pipeline']}: {gap:+.2f} µs ({r[key]['median']:.2f}×)"
+                    f"{way}, P{r['pipeline']}: {mine['median']:.2f} against"
+                    f" {r['peer_usec_per_call']['median']:.2f} µs, per-pair"
+                    f" ratio {r[key]['median']:.2f}"
                 )
     if not gaps:
         return []
     out = [
         "",
-        "Why the misses (tierlimit's µs per check minus the peer's, this run;"
+        "Why the misses (this run's median µs per check, tierlimit's against the"
+        " peer's, and the median of the per-pair ratios;"
         " what each part costs, measured with stub functions, is in \"Where a"
         " check's server time goes\": on the machine that measured them an"
         " `FCALL` with the check's arguments and reply cost 1.4 µs doing"
