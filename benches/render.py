@@ -307,14 +307,19 @@ PEER_DIFFERENCES = {
 }
 
 
+# The two ways tierlimit's check is timed against a peer: the ratio's key in
+# a `peer-scripts` record, and its name in the report.
+PEER_WAYS = (("ratio", "one check per call"), ("batched_ratio", "batched"))
+
+
 def peer_misses(rows):
-    """Why each missed algorithm misses: the same run's gap in µs and what the
+    """Why each missed algorithm misses: the same run's medians and what the
     peer's script leaves out."""
     gaps = {}
     for r in rows:
         if r.get("kind") != "peer_script" or not r["measured"]:
             continue
-        for key, way in (("ratio", "one check per call"), ("batched_ratio", "batched")):
+        for key, way in PEER_WAYS:
             if r.get(key) is not None and r[key]["median"] > r["target_max"]:
                 mine = (
                     r["tierlimit_usec_per_call"]
@@ -331,11 +336,9 @@ def peer_misses(rows):
     out = [
         "",
         "Why the misses (this run's median µs per check, tierlimit's against the"
-        " peer's, and the median of the per-pair ratios;"
-        " what each part costs, measured with stub functions, is in \"Where a"
-        " check's server time goes\": on the machine that measured them an"
-        " `FCALL` with the check's arguments and reply cost 1.4 µs doing"
-        " nothing, `TIME` 0.8, a `GET` 0.6):",
+        " peer's, and the median of the per-pair ratios; what each part of a"
+        " check costs, measured with stub functions, is in \"Where a check's"
+        " server time goes\"):",
         "",
     ]
     for alg, lines in gaps.items():
@@ -392,7 +395,7 @@ def peer_section(rows):
             continue
         total += 1
         oks = []
-        for key in ("ratio", "batched_ratio"):
+        for key, _ in PEER_WAYS:
             if r.get(key) is None:
                 oks.append("–")
                 continue
@@ -410,7 +413,7 @@ def peer_section(rows):
             f" | {r['pairs']} | {oks[0]}; {oks[1]} |"
         )
     if total:
-        for key, way in (("ratio", "one check per call"), ("batched_ratio", "batched")):
+        for key, way in PEER_WAYS:
             algs = dict.fromkeys(alg for alg, k in by_alg if k == key)
             verdicts = [
                 f"`{alg}` {'met' if all(by_alg[(alg, key)]) else '**MISSED**'}" for alg in algs

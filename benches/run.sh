@@ -19,10 +19,9 @@ rm -rf "$out"
 mkdir -p "$out"
 export TIERLIMIT_BENCH_OUT=$out
 
-# The commit measured; "modified" when the code differs from it (the report
-# itself does not count).
+# The commit measured; "modified" when the code differs from it (this run's
+# own outputs, the report and the sweep chart, do not count).
 git_state=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-# This run's own outputs (the report and the sweep chart) do not count.
 if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)BENCHMARKS.md' ':(exclude)benches/redis-load-sweep.svg' 2>/dev/null)" ]; then
     git_state="$git_state with uncommitted changes"
 fi
