@@ -362,6 +362,26 @@ impl Bench {
         }
     }
 
+    /// Every sample starts on an empty keyspace (the hot keys spent again)
+    /// and with the server's counters read. A check's key expires a
+    /// millisecond after it (GCRA 1000/s), so expired keys pile up across
+    /// samples, and how hard Redis' active expiry is working then (a state
+    /// no side controls) moved a sample's server CPU per check by up to half,
+    /// for whichever side it fell on (stop 28: 7.8 against 11.3 µs for the
+    /// same side at c = 50).
+    fn begin_sample(&mut self) -> ServerStats {
+        let () = self
+            .rt
+            .block_on(
+                redis::cmd("FLUSHALL")
+                    .arg("SYNC")
+                    .query_async(&mut self.stats_conn),
+            )
+            .expect("FLUSHALL");
+        self.spend_hot_keys();
+        self.server_stats()
+    }
+
     fn server_stats(&mut self) -> ServerStats {
         let info: String = self
             .rt
@@ -424,7 +444,7 @@ impl Bench {
     /// Side A (or A1 without batching; hotA / hotA1 in hot mode):
     /// `HybridLimiter::check`, c tasks, n checks.
     fn side_limiter(&mut self, c: usize, n: u64, hot: bool, batched: bool) {
-        let before = self.server_stats();
+        let before = self.begin_sample();
         let limiter = if batched {
             self.limiter.clone()
         } else {
@@ -513,7 +533,7 @@ impl Bench {
 
     /// Side T: the bare `RedisTier::check`, the same way as A.
     fn side_tier(&mut self, c: usize, n: u64) {
-        let before = self.server_stats();
+        let before = self.begin_sample();
         let tier = self.tier.clone();
         let set = self.admit.clone();
         let cold = self.cold_keys.clone();
@@ -583,7 +603,7 @@ impl Bench {
 
     /// Sides B1 / B16 (and their hot variants): redis-benchmark, c clients.
     fn side_benchmark(&mut self, side: &str, c: usize, n: u64, pipeline: usize, hot: bool) {
-        let before = self.server_stats();
+        let before = self.begin_sample();
         let port = self.server.port().to_string();
         let runs: Vec<(usize, u64, u64, Vec<String>)> = if hot {
             // 90 % of clients and requests on the hot keys, 10 % on the random ones.
@@ -656,7 +676,7 @@ impl Bench {
 
     /// Side M16: the minimal GCRA script, redis-benchmark pipelined 16 deep.
     fn side_minimal(&mut self, c: usize, n: u64) {
-        let before = self.server_stats();
+        let before = self.begin_sample();
         // The admit rule's numbers: 1000/s (interval 1000 µs), burst 1000.
         let args = [
             "EVALSHA",
