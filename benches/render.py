@@ -29,7 +29,7 @@ PARTS_NOTES = [
     " set's numbers and the costs seen are checked once per server. What a GCRA"
     " check costs above the minimal GET + SET PX loop is then the generic"
     " decision: the `pcall` per request and per rule, the dispatch through"
-    " CHECKS/COMMITS, the per-request layout and reply tables, and the"
+    " CHECKS/COMMITS, the per-request layout, and the"
     " `<TAT>@<limit>` string. One check per call, measured once by hand with"
     " stub functions, not by this command (an earlier session's machine, about"
     " twice as fast as stop 27's; server µs per call, median of 2,400): an `FCALL` with the"

@@ -60,4 +60,10 @@ local rules = #KEYS
 if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
 end
-return check_one(0, rules, 0)
+-- One rule's reply comes as six values (see decide.lua), several rules' or an
+-- error as one table.
+local reply, rule, retry, now, remaining, reset = check_one(0, rules, 0)
+if rule == nil then
+  return reply
+end
+return { reply, rule, retry, now, remaining, reset }

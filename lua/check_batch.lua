@@ -20,9 +20,15 @@
 -- then per request j: its rule set s_j (1 to g), now_us ("0" for the
 --          server's TIME), cost, nonce (check.lua's ARGV[1..3]).
 --
--- Reply: an array of n replies, in order: request j's check.lua reply, or the
+-- Reply: one flat array holding the n replies in order: request j's
+-- check.lua reply, its 4 + 2 r_j integers in a row, or in their place the one
 -- error reply check.lua would have answered for it alone (bad input, a key of
 -- another type, a failed write). A request's error does not stop the others.
+-- One array, not one per request: Redis turns every table of a reply into
+-- RESP by first asking it for its special fields (err, ok, double, ...), and
+-- for a batch of one-rule checks that cost as much again as their integers
+-- (stop 28, a loop of 100 replies: about 0.8 µs per request as nested
+-- tables, 0.4 as one flat array).
 -- Keys and arguments that do not add up (the counts above against #KEYS and
 -- #ARGV) refuse the whole call before anything is read or written:
 -- "ERR tierlimit check batch: ...".
@@ -30,8 +36,8 @@
 -- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
 --   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1
 --     1 1 10 60000000 10 0   1 0 1 7   1 0 1 8
---   -> 1) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
---      2) 1) 1 2) 0 3) 0 4) <now_us> 5) 9 6) 6000000
+--   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
+--      7) 1  8) 0  9) 0 10) <now_us> 11) 9 12) 6000000
 
 if floor == nil then bind_std() end
 
@@ -97,19 +103,33 @@ local function batch_one(k0, set, a0)
   return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
 end
 
-local replies = {}
+local replies, o = {}, 0
 for j = 1, n do
-  local ok, reply = pcall(batch_one, k_at[j], sets[s_at[j]], a_at[j])
-  if ok then
-    replies[j] = reply
-  elseif type(reply) == 'table' and reply.err then
-    replies[j] = reply
-  elseif type(reply) == 'string' and match(reply, '^%u+ ') then
-    -- A command's error raised through pcall is its bare reply text
-    -- ("OOM command not allowed ..."): keep its code, as a lone call would.
-    replies[j] = { err = reply }
+  local ok, reply, rule, retry, now, remaining, reset = pcall(batch_one, k_at[j],
+    sets[s_at[j]], a_at[j])
+  if ok and rule ~= nil then
+    -- One rule's six values (decide.lua's decide_one).
+    replies[o + 1], replies[o + 2], replies[o + 3] = reply, rule, retry
+    replies[o + 4], replies[o + 5], replies[o + 6] = now, remaining, reset
+    o = o + 6
+  elseif ok and reply.err == nil then
+    -- Several rules' table.
+    for i = 1, #reply do
+      replies[o + i] = reply[i]
+    end
+    o = o + #reply
   else
-    replies[j] = { err = 'ERR tierlimit check: ' .. tostring(reply) }
+    if ok or (type(reply) == 'table' and reply.err) then
+      -- An error reply as it came (a key of another type, say).
+    elseif type(reply) == 'string' and match(reply, '^%u+ ') then
+      -- A command's error raised through pcall is its bare reply text
+      -- ("OOM command not allowed ..."): keep its code, as a lone call would.
+      reply = { err = reply }
+    else
+      reply = { err = 'ERR tierlimit check: ' .. tostring(reply) }
+    end
+    o = o + 1
+    replies[o] = reply
   end
 end
 return replies

@@ -13,14 +13,19 @@
 --                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
 --                             are ARGV[a0 + 1 ..]: now, cost, nonce, then five
 --                             per rule (check.lua's ARGV[1 ..] shifted by a0).
---                             Returns check.lua's reply, or an error reply
---                             (WRONGTYPE) when nothing was written; bad input
---                             raises refuse()'s error before any read.
+--                             Returns check.lua's reply as a table, except
+--                             for a set of one rule, whose six integers it
+--                             returns as six values (no table of its own: a
+--                             batch puts them straight into its flat reply);
+--                             or an error reply (WRONGTYPE) when nothing was
+--                             written. Bad input raises refuse()'s error
+--                             before any read.
 --   call_now(arg)             script_now(arg), with the server's TIME read at
 --                             most once per call: the requests of one batch
 --                             are decided at one server time.
 --
--- Example: check_one(0, #KEYS, 0) is check.lua's whole decision.
+-- Example: check_one(0, #KEYS, 0) is check.lua's whole decision (its six
+-- values made a table for a set of one rule).
 
 local CHECKS = {
   gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
@@ -102,7 +107,8 @@ local function read_failed(k0, i, code, err)
 end
 
 -- decide() for a rule set of one rule (the common case), without the
--- per-rule tables: the same reply, the rule being the deciding one.
+-- per-rule tables: the same reply, the rule being the deciding one, as six
+-- values instead of a table (an error reply stays one table).
 local function decide_one(k0, a, now, cost, nonce)
   local code = a[1]
   local key = KEYS[k0 + 1]
@@ -113,9 +119,9 @@ local function decide_one(k0, a, now, cost, nonce)
   end
   if ok then
     COMMITS[code](key, now, cost, nonce, state, a)
-    return { 1, 0, 0, now, remaining, reset }
+    return 1, 0, 0, now, remaining, reset
   end
-  return { 0, 0, retry, now, remaining, reset }
+  return 0, 0, retry, now, remaining, reset
 end
 
 -- Decides a request whose arguments passed the checks above: args[i] holds

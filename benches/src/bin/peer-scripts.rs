@@ -602,8 +602,12 @@ fn probe_batch(conn: &mut redis::Connection, args: &[String], key: &str) {
     let reply: redis::Value = one_call(args)
         .query(conn)
         .unwrap_or_else(|e| panic!("FCALL of tierlimit's batch on {key}: {e}"));
+    // One flat array: each check's six integers (one rule) in a row.
     let admitted = match &reply {
-        redis::Value::Array(items) => items.iter().filter(|i| first(i) == Some(1)).count(),
+        redis::Value::Array(items) => items
+            .chunks(6)
+            .filter(|c| matches!(c.first(), Some(redis::Value::Int(1))))
+            .count(),
         _ => 0,
     };
     assert_eq!(

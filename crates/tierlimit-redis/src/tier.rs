@@ -26,7 +26,7 @@ use crate::nodes::{Nodes, SlotMap};
 use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::{Head, Routine, ScriptMode, as_evalsha};
 use crate::stripe::{first_stripe, stripe_set};
-use crate::verdict::parse_verdict;
+use crate::verdict::{parse_batch, parse_verdict};
 use crate::{CheckRequest, RECONCILE, RedisTierConfig, TimeSource, Verdict};
 
 /// On a Cluster, how long a master that failed a call is not asked: checks of
@@ -517,18 +517,10 @@ impl RedisTier {
                     send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
-            match reply {
-                Ok(Value::Array(items)) if items.len() == batch.len() => items
-                    .into_iter()
-                    .zip(&batch)
-                    .map(|(item, q)| match item {
-                        Value::ServerError(e) => Err(classify_server(e)),
-                        item => parse_verdict(item, &q.set),
-                    })
-                    .collect(),
-                Ok(other) => {
-                    let what =
-                        format!("batch script answered {other:?} for {} checks", batch.len());
+            match reply.map(|r| parse_batch(r, batch.iter().map(|q| &q.set))) {
+                Ok(Ok(results)) => results,
+                Ok(Err(what)) => {
+                    let what = format!("batch script answered {what} for {} checks", batch.len());
                     batch
                         .iter()
                         .map(|_| {

@@ -74,10 +74,58 @@ impl<'a> CheckRequest<'a> {
 ///
 /// Read in place: the only allocation is the verdict's own list of rules.
 pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
+    match &reply {
+        Value::Array(items) | Value::Set(items) => parse_items(items, set),
+        other => Err(malformed(format!("not an array: {other:?}"))),
+    }
+}
+
+/// Reads the batch script's reply (see `lua/check_batch.lua`): one flat
+/// array holding each check's reply in a row, its `4 + 2 × rules` items, or
+/// one error in their place. One result per set of `sets` (the batch's
+/// checks, in order), or what did not add up, for every check of the call.
+pub(crate) fn parse_batch<'s>(
+    reply: Value,
+    sets: impl ExactSizeIterator<Item = &'s RuleSet>,
+) -> std::result::Result<Vec<Result<Verdict>>, String> {
     let items = match &reply {
-        Value::Array(items) | Value::Set(items) => items.as_slice(),
-        other => return Err(malformed(format!("not an array: {other:?}"))),
+        Value::Array(items) => items.as_slice(),
+        other => return Err(format!("not an array: {other:?}")),
     };
+    let checks = sets.len();
+    let mut results = Vec::with_capacity(checks);
+    let mut at = 0;
+    for set in sets {
+        let part = match items.get(at) {
+            Some(Value::ServerError(e)) => {
+                results.push(Err(classify_server(e.clone())));
+                at += 1;
+                continue;
+            }
+            Some(_) => items.get(at..at + 4 + 2 * set.rules().len()),
+            None => None,
+        };
+        let Some(part) = part else {
+            return Err(format!(
+                "{} items, too few for {checks} checks",
+                items.len()
+            ));
+        };
+        results.push(parse_items(part, set));
+        at += part.len();
+    }
+    if at != items.len() {
+        return Err(format!(
+            "{} items, {} more than {checks} checks' replies",
+            items.len(),
+            items.len() - at
+        ));
+    }
+    Ok(results)
+}
+
+/// One check's reply, its items in a slice (see [`parse_verdict`]).
+fn parse_items(items: &[Value], set: &RuleSet) -> Result<Verdict> {
     // An error inside the array is the server's, as redis-rs would report it.
     if let Some(e) = items.iter().find_map(|item| match item {
         Value::ServerError(e) => Some(e),
@@ -233,5 +281,59 @@ mod tests {
             let err = parse_verdict(value, &set()).expect_err("malformed");
             assert_eq!(err.redis_failure(), Some(RedisFailure::MalformedReply));
         }
+    }
+
+    fn one_rule() -> RuleSet {
+        RuleSet::new("one", [Rule::per_second(3).expect("valid")]).expect("valid")
+    }
+
+    fn oom() -> Value {
+        Value::ServerError(
+            redis::make_extension_error("OOM".to_string(), Some("used memory".into()))
+                .try_into()
+                .expect("a server error"),
+        )
+    }
+
+    #[test]
+    fn a_batch_reply_is_read_check_by_check_by_each_sets_rules() {
+        let (one, two) = (one_rule(), set());
+        let mut items: Vec<Value> = [1, 0, 0, 7, 2, 333_334]
+            .into_iter()
+            .chain([0, 1, 40, 7, 1, 5, 0, 60])
+            .map(Value::Int)
+            .collect();
+        // The third check failed alone: one error where its replies would be.
+        items.push(oom());
+        items.extend([1, 0, 0, 8, 1, 666_667].map(Value::Int));
+        let results = parse_batch(Value::Array(items), [&one, &two, &two, &one].into_iter())
+            .expect("adds up");
+        assert_eq!(results.len(), 4);
+        let first = results[0].as_ref().expect("admitted");
+        assert!(first.decision.allowed);
+        assert_eq!((first.decision.remaining, first.server_time_us), (2, 7));
+        let second = results[1].as_ref().expect("denied");
+        assert!(!second.decision.allowed);
+        assert_eq!(second.decision.rule, 1);
+        assert_eq!(second.rules.len(), 2);
+        assert_eq!(
+            results[2].as_ref().expect_err("the error").redis_failure(),
+            Some(RedisFailure::OutOfMemory)
+        );
+        let last = results[3].as_ref().expect("admitted");
+        assert_eq!((last.decision.remaining, last.server_time_us), (1, 8));
+    }
+
+    #[test]
+    fn a_batch_reply_that_does_not_add_up_is_refused_whole() {
+        let one = one_rule();
+        let six = || [1, 0, 0, 7, 2, 333_334].map(Value::Int);
+        let short: Vec<Value> = six().into_iter().chain([Value::Int(1)]).collect();
+        let long: Vec<Value> = six().into_iter().chain(six()).collect();
+        for (items, checks) in [(short, 2), (long, 1), (six().to_vec(), 2)] {
+            let sets = vec![&one; checks];
+            assert!(parse_batch(Value::Array(items), sets.into_iter()).is_err());
+        }
+        assert!(parse_batch(Value::Okay, [&one].into_iter()).is_err());
     }
 }

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{ALGORITHMS, rule, set};
+use support::{ALGORITHMS, rule, set, storage_key};
 use tierlimit_core::{Clock, FakeClock, Rule, RuleSet};
 use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, ScriptMode, TimeSource};
 use tierlimit_test::RedisServer;
@@ -424,4 +424,82 @@ fn max_batch_is_bounded() {
             .expect_err("out of range");
         assert!(err.to_string().contains("max_batch"), "{err}");
     }
+}
+
+/// Puts a plain string where `set`'s first rule keeps `key`'s state.
+async fn spoil(conn: &mut redis::aio::MultiplexedConnection, set: &RuleSet, key: &str) {
+    let () = redis::cmd("SET")
+        .arg(storage_key(set, key, 0))
+        .arg("not a bucket")
+        .query_async(conn)
+        .await
+        .expect("SET");
+}
+
+/// One call of the batch script answers one-rule and several-rule checks
+/// side by side, and a check that fails there (its key holds another type)
+/// gets its own error while the checks before and after it, in the same
+/// call, are decided exactly as when each is sent alone.
+#[tokio::test(flavor = "current_thread")]
+async fn a_check_that_fails_inside_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let tier = tier_batching(&server.url(), 32, fake_time(), Duration::from_secs(5));
+    warm(&tier).await;
+    let hour = Duration::from_secs(3600);
+    // The token bucket keeps a hash: a plain string under its key is WRONGTYPE.
+    let one = set("fails-one", [rule(ALGORITHMS[1], 3, hour)]);
+    let two = set(
+        "fails-two",
+        [rule(ALGORITHMS[0], 3, hour), rule(ALGORITHMS[4], 8, hour)],
+    );
+    const BAD: usize = 6;
+    let checks: Vec<(String, RuleSet, u64)> = (0..12)
+        .map(|i| match i {
+            BAD => ("bad".to_string(), one.clone(), 1),
+            i if i % 3 == 0 => (format!("good-{}", i % 2), two.clone(), 2),
+            i => (format!("good-{}", i % 2), one.clone(), 1),
+        })
+        .collect();
+    let mut conn = server.conn().await;
+    spoil(&mut conn, &one, "bad").await;
+    let before = server.script_calls().await;
+    let outcomes = all_at_once(&tier, &checks).await;
+    let calls = server.script_calls().await - before;
+    // The first two go alone (fewer than two calls in flight), the rest in
+    // batches of at least four: the bad key's check, the seventh, in one.
+    assert!(
+        calls <= 5,
+        "{calls} script calls for 12 checks: not batched"
+    );
+
+    // The same checks one by one, from the same start.
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .expect("FLUSHALL");
+    spoil(&mut conn, &one, "bad").await;
+    let lone = tier_batching(&server.url(), 1, fake_time(), Duration::from_secs(5));
+    let mut denied = 0;
+    for (i, ((key, set, cost), (batched, _))) in checks.iter().zip(&outcomes).enumerate() {
+        let key = CheckKey::new(key).expect("a valid key");
+        let alone = lone.check_key(&key, set, *cost).await;
+        match (&batched.result, &alone.result) {
+            (Ok(b), Ok(a)) => {
+                assert_eq!(b.decision.allowed, a.decision.allowed, "check {i}");
+                assert_eq!(b.rules, a.rules, "check {i}");
+                denied += usize::from(!b.decision.allowed);
+            }
+            (Err(b), Err(a)) => {
+                assert_eq!(i, BAD, "only the bad key's check fails: {b}");
+                assert_eq!(b.redis_failure(), a.redis_failure());
+                assert_eq!(format!("{b:?}"), format!("{a:?}"));
+                assert!(format!("{b:?}").contains("WRONGTYPE"), "{b:?}");
+            }
+            (b, a) => panic!("check {i}: batched {b:?}, alone {a:?}"),
+        }
+    }
+    assert!(outcomes[BAD].0.result.is_err(), "the bad key's check fails");
+    // Four one-rule checks of each good key against 3 per hour, and two
+    // of good-1's against GCRA's 3 at cost 2: denials among the admissions.
+    assert!(denied >= 3, "{denied} denials");
 }
