@@ -96,16 +96,12 @@ pub(crate) fn parse_batch<'s>(
     let mut results = Vec::with_capacity(checks);
     let mut at = 0;
     for set in sets {
-        let part = match items.get(at) {
-            Some(Value::ServerError(e)) => {
-                results.push(Err(classify_server(e.clone())));
-                at += 1;
-                continue;
-            }
-            Some(_) => items.get(at..at + 4 + 2 * set.rules().len()),
-            None => None,
-        };
-        let Some(part) = part else {
+        if let Some(Value::ServerError(e)) = items.get(at) {
+            results.push(Err(classify_server(e.clone())));
+            at += 1;
+            continue;
+        }
+        let Some(part) = items.get(at..at + 4 + 2 * set.rules().len()) else {
             return Err(format!(
                 "{} items, too few for {checks} checks",
                 items.len()
