@@ -427,6 +427,9 @@ const COUNT_BITS: u32 = 20;
 struct Warm {
     seen_at_us: u64,
     expires_us: u64,
+    /// The tier's outage count when Redis reported: a bucket of an earlier
+    /// outage has been written back to Redis and superseded by this report.
+    outage: u64,
     /// Per rule, the remaining Redis reported and the rule's capacity then
     /// (a seed for other limits keeps what was used); its length never
     /// changes (a key's identity fixes its rules). Inline for one rule, so
@@ -558,12 +561,18 @@ impl LocalTier {
         count > CROWDED
     }
 
-    /// Ends the current outage: Redis answers again. Every bucket made so far
-    /// is stale from now on, and the next outage starts each key from what
-    /// Redis last reported (its warm seed), never from an older outage's
-    /// bucket: a key that used its local share in one outage, then Redis for a
-    /// while, would otherwise meet the next outage with the leftover of the
+    /// Ends the current outage: Redis answers again. A bucket made so far is
+    /// stale once Redis reports on its key (the key's next Redis call carries
+    /// what the bucket admitted, so the report counts it): the next outage
+    /// starts that key from the report (its warm seed), not from the older
+    /// bucket. A key that used its local share in one outage, then Redis for
+    /// a while, would otherwise meet the next outage with the leftover of the
     /// first, which with hourly or daily rules admits about twice the limit.
+    /// Until then the bucket is the latest word on its key and the next
+    /// outage goes on from it: a key Redis was not asked about between two
+    /// outages would otherwise get a second share of the same window from
+    /// the seed of before the first. Such buckets stay (and count towards
+    /// [`LocalConfig::max_keys`]) until they are back to full.
     ///
     /// For `settle` after that, a key's bucket from the ended outage still
     /// bounds it ([`settling`](Self::settling)): instances return from an
@@ -828,11 +837,14 @@ impl LocalTier {
         };
         if bucket.current(set, instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
-            if b.written(instances, outage).is_some() {
-                // Only the limits or bursts changed: keep what was used.
+            if b.written(instances, outage).is_some() || self.carries_on(key, b, instances) {
+                // Only the limits or bursts changed, or the bucket is still
+                // the latest word on its key: keep what was used.
                 b.carry_to(&engine, now);
+                b.outage = outage;
             } else {
-                // A new outage or instance count: fresh states, same debts.
+                // A new instance count, or Redis reported on the key since
+                // the bucket's outage: fresh states, same debts.
                 for (r, state) in b.rules.iter_mut().zip(self.fresh_states(key, &engine, now)) {
                     r.state = state;
                 }
@@ -852,6 +864,26 @@ impl LocalTier {
             rules.extend(evals.iter().map(|e| rule_state(e, allowed, cost)));
         }
         LocalAnswer::Decided(decide(set, evals, allowed))
+    }
+
+    /// True when a bucket of an earlier outage, for this instance count, is
+    /// still the latest word on its key: Redis has not reported on the key
+    /// since that outage ended (the report would have carried what the bucket
+    /// admitted, see [`claim_pending`](Self::claim_pending)). A second outage
+    /// soon after the first then goes on from the bucket: started afresh from
+    /// the seed of before the first, the key would get a second share of the
+    /// same window.
+    fn carries_on(&self, key: &LocalKey, bucket: &Bucket, instances: u64) -> bool {
+        bucket
+            .engine
+            .as_ref()
+            .is_some_and(|e| e.instances == instances)
+            && !self.superseded(key, bucket)
+    }
+
+    /// True when Redis reported on the bucket's key after its outage ended.
+    fn superseded(&self, key: &LocalKey, bucket: &Bucket) -> bool {
+        self.warm.get(key).is_some_and(|w| w.outage > bucket.outage)
     }
 
     fn mark_owing(&self) {
@@ -1015,6 +1047,7 @@ impl LocalTier {
         let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
             seen_at_us: 0,
             expires_us: 0,
+            outage: 0,
             remaining: smallvec::smallvec![(0, 0); set.rules().len()],
         }) else {
             return;
@@ -1026,6 +1059,7 @@ impl LocalTier {
         }
         w.seen_at_us = now;
         w.expires_us = now.saturating_add(longest);
+        w.outage = self.outage.load(Ordering::Relaxed);
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
@@ -1117,8 +1151,9 @@ impl LocalTier {
         Some(decision)
     }
 
-    /// Forgets what no longer matters: buckets of an ended outage or back to
-    /// full (once what they owe is in the ledger), expired denials and
+    /// Forgets what no longer matters: buckets back to full or superseded by
+    /// a Redis report on their key once their outage has settled (and what
+    /// they owe is in the ledger), expired denials and
     /// warm-start values, engines no bucket uses; returns memory to the
     /// allocator.
     pub fn prune(&self) {
@@ -1127,13 +1162,13 @@ impl LocalTier {
         self.sync_clocks(now);
         let outage = self.outage.load(Ordering::Relaxed);
         let settling = now.unix_us < self.settle_until_us.load(Ordering::Relaxed);
-        self.buckets.retain(|_, b| {
+        self.buckets.retain(|key, b| {
             let owes = b
                 .rules
                 .iter()
                 .any(|r| r.owed.units.load(Ordering::Acquire) > 0);
-            owes || ((b.outage == outage || (settling && b.outage + 1 == outage))
-                && !b.is_idle(now))
+            owes || (!b.is_idle(now)
+                && ((settling && b.outage + 1 == outage) || !self.superseded(key, b)))
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);

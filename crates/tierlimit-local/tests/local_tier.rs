@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{Decision, FakeClock, Rule, RuleSet, Tier};
+use tierlimit_core::{Algorithm, Decision, FakeClock, Rule, RuleSet, Tier};
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 
 fn tier(config: LocalConfig) -> (LocalTier, FakeClock) {
@@ -162,10 +162,61 @@ fn each_outage_starts_from_the_warm_seed_not_an_older_bucket() {
     local.remember("k", &set, [(3, Duration::from_secs(3600))].into_iter());
     // Outage 2: ceil(3 / 3) = 1 from the seed, not the 15 left from outage 1.
     assert_eq!(admitted(&local, "k", &set, 3, 30), 1);
-    // Pruning drops what an ended outage left.
+    // Pruning drops what an ended outage left once Redis has reported on
+    // the key since (until then the bucket carries on: see below).
     local.end_outage(Duration::ZERO);
     local.prune();
+    assert_eq!(local.len(), 1);
+    local.remember("k", &set, [(2, Duration::from_secs(3600))].into_iter());
+    local.prune();
     assert!(local.is_empty());
+}
+
+/// Regression (chaos `crash-loop`, stop 28): Redis answered again for half a
+/// second, then went again before this key was asked of it. The second
+/// outage started the key afresh from its seed of before the first, so it got
+/// a second share in the same window. A bucket carries on into the next
+/// outage until Redis has reported on its key since its outage ended.
+#[test]
+fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
+    let (local, clock) = tier(LocalConfig::default());
+    let hourly = RuleSet::new("h", [Rule::per_hour(300).expect("valid")]).expect("valid");
+    let window = Rule::with_period(61, Duration::from_secs(2))
+        .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+        .expect("valid");
+    let both = RuleSet::new("b", [window, Rule::per_hour(300).expect("valid")]).expect("valid");
+    // Healthy: Redis last said 290 of the hour's 300 were left.
+    local.remember(
+        "k",
+        &hourly,
+        [(290, Duration::from_secs(3_600))].into_iter(),
+    );
+    // Outage 1, four instances: ceil(290 / 4) = 73 of the hourly share, and
+    // 16 of the window's (with the hour's 75 behind it).
+    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 73);
+    assert_eq!(admitted(&local, "k", &both, 4, 200), 16);
+    local.end_outage(Duration::from_secs(5));
+    // Outage 2, half a second later, in the same window: nothing is left.
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 0);
+    assert_eq!(admitted(&local, "k", &both, 4, 200), 0);
+    // Ended, settled and pruned with no report on the key in between, the
+    // buckets are still the latest word on it: kept, and carried on.
+    local.end_outage(Duration::ZERO);
+    local.prune();
+    assert_eq!(local.len(), 2);
+    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 0);
+    local.end_outage(Duration::ZERO);
+    // Once Redis has reported on a key after the outage, its report seeds the
+    // next one, here more room than the bucket had: ceil(100 / 4) = 25.
+    local.remember(
+        "k",
+        &hourly,
+        [(100, Duration::from_secs(3_600))].into_iter(),
+    );
+    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 25);
+    // The other set's key was not reported on: still nothing left.
+    assert_eq!(admitted(&local, "k", &both, 4, 200), 0);
 }
 
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,

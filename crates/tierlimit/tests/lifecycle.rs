@@ -318,6 +318,49 @@ async fn every_tier_fills_the_decision_fields_with_one_meaning() {
     proxy.set(tierlimit_test::Fault::None);
 }
 
+/// Regression (chaos `crash-loop`, stop 28): Redis came back briefly and
+/// went again before the key was asked of it. The second outage started the
+/// key from the seed of before the first (here none: full), and the fleet
+/// admitted a second round of shares in the same hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_outage_before_redis_hears_of_the_key_goes_on_from_the_first() {
+    let _serial = tierlimit_test::serial().await;
+    const LIMIT: u64 = 60;
+    const INSTANCES: u64 = 3;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiters: Vec<HybridLimiter> = (0..INSTANCES)
+        .map(|_| {
+            production(&proxy.url())
+                .instances(Instances::Fixed(INSTANCES))
+                .build()
+                .expect("valid config")
+        })
+        .collect();
+    let set = hourly(LIMIT);
+    let trip = RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid");
+    let mut fleet = 0;
+    for outage in 1..=2 {
+        proxy.set(tierlimit_test::Fault::Refuse);
+        for l in &limiters {
+            support::trip(l, &trip).await;
+            let (admitted, tiers) = hammer(l, &set, 30).await;
+            assert_eq!(tiers, vec![Tier::Local], "outage {outage}");
+            fleet += admitted;
+        }
+        // Back, and what was admitted written back, but no check of the key.
+        proxy.set(tierlimit_test::Fault::None);
+        for l in &limiters {
+            support::drained(l, Duration::from_secs(10)).await;
+        }
+    }
+    assert!(
+        fleet <= LIMIT + INSTANCES,
+        "the fleet admitted {fleet} in two outages of one hour, bound {}",
+        LIMIT + INSTANCES
+    );
+}
+
 /// Admits through `limiter` until `tries` checks were made; returns how many
 /// were admitted and by which tiers.
 async fn hammer(limiter: &HybridLimiter, set: &RuleSet, tries: usize) -> (u64, Vec<Tier>) {
