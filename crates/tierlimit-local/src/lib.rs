@@ -45,6 +45,18 @@
 //! denial answers only the limits it was cached under, and a warm seed keeps
 //! the units used when Redis reported it rather than the remaining.
 //!
+//! # Across outages
+//!
+//! A bucket is the latest word on its key until Redis reports on the key
+//! after the bucket's outage ended (that report counts what the bucket
+//! admitted: the key's next Redis call carries it). A later outage, or
+//! another instance count, goes on from the bucket until then, converted
+//! like a limit change (what this instance used, judged by its new share),
+//! and from the report after it. So a second outage soon after the first
+//! does not hand a key a second share of the same window, and a key used
+//! through Redis between two outages does not meet the second with the
+//! first one's leftover.
+//!
 //! # Examples
 //!
 //! ```

@@ -205,8 +205,8 @@ struct Bucket {
     /// What the states were made for; `None` for a key that only owes units
     /// (admitted by FailOpen) and has no bucket yet.
     engine: Option<Arc<SetEngine>>,
-    /// The outage the states were made for: a new outage, like a new
-    /// instance count, starts the key afresh from its warm seed.
+    /// The outage the states were last checked in: a later outage goes on
+    /// from them until Redis reports on the key (`LocalTier::superseded`).
     outage: u64,
     /// Boxed even for one rule: inline, the map's slots grew from 72 to 160
     /// bytes, and at a million keys that cost more in cache misses than the
@@ -230,16 +230,9 @@ impl Bucket {
         })
     }
 
-    /// The engine, when the states are this outage's and this instance
-    /// count's, whatever limits they were written under.
-    fn written(&self, instances: u64, outage: u64) -> Option<&Arc<SetEngine>> {
-        self.engine
-            .as_ref()
-            .filter(|e| e.instances == instances && self.outage == outage)
-    }
-
     /// Moves the states to `engine` (the same rule set with other limits or
-    /// bursts) keeping what was used: see [`carry`].
+    /// bursts, or for another instance count) keeping what was used: see
+    /// [`carry`].
     fn carry_to(&mut self, engine: &Arc<SetEngine>, now: Now) {
         if let Some(old) = self.engine.take() {
             let rules = engine.set.rules();
@@ -351,8 +344,9 @@ fn engine_slot(set: &RuleSet, instances: u64) -> (u64, u64) {
 }
 
 /// One rule's state written under engine `from`, carried to `to`: the same
-/// rule (algorithm, period, offset) with another limit or burst, for the same
-/// instance count. What was used is kept, as the Redis scripts keep it:
+/// rule (algorithm, period, offset) with another limit or burst, or another
+/// instance count (another share). What this instance used is kept, as the
+/// Redis scripts keep what the fleet used:
 ///
 /// - GCRA (governor's cell or this crate's): the units still draining stay,
 ///   and drain at the new rate. They are counted as `units * period` µs,
@@ -607,9 +601,10 @@ impl LocalTier {
         let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
         let probe = Probe::new(set, escaped_key);
         let mut bucket = self.buckets.get_mut(&probe)?;
-        let written = bucket
-            .written(bucket.engine.as_ref()?.instances, ended)?
-            .clone();
+        if bucket.outage != ended {
+            return None;
+        }
+        let written = bucket.engine.clone()?;
         let engine = if same_limits(&written.set, set) {
             written
         } else {
@@ -837,20 +832,19 @@ impl LocalTier {
         };
         if bucket.current(set, instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
-            if b.written(instances, outage).is_some() || self.carries_on(key, b, instances) {
-                // Only the limits or bursts changed, or the bucket is still
-                // the latest word on its key: keep what was used.
+            if b.engine.is_some() && !self.superseded(key, b) {
+                // Other limits, another instance count or a later outage, but
+                // still the latest word on the key: keep what was used.
                 b.carry_to(&engine, now);
-                b.outage = outage;
             } else {
-                // A new instance count, or Redis reported on the key since
-                // the bucket's outage: fresh states, same debts.
+                // Redis reported on the key since the bucket's outage (or the
+                // key only owed units): fresh states from the report, same debts.
                 for (r, state) in b.rules.iter_mut().zip(self.fresh_states(key, &engine, now)) {
                     r.state = state;
                 }
                 b.engine = Some(engine.clone());
-                b.outage = outage;
             }
+            b.outage = outage;
         }
         let mut evals = [Eval::EMPTY; MAX_RULES];
         let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
@@ -866,22 +860,12 @@ impl LocalTier {
         LocalAnswer::Decided(decide(set, evals, allowed))
     }
 
-    /// True when a bucket of an earlier outage, for this instance count, is
-    /// still the latest word on its key: Redis has not reported on the key
-    /// since that outage ended (the report would have carried what the bucket
-    /// admitted, see [`claim_pending`](Self::claim_pending)). A second outage
-    /// soon after the first then goes on from the bucket: started afresh from
-    /// the seed of before the first, the key would get a second share of the
-    /// same window.
-    fn carries_on(&self, key: &LocalKey, bucket: &Bucket, instances: u64) -> bool {
-        bucket
-            .engine
-            .as_ref()
-            .is_some_and(|e| e.instances == instances)
-            && !self.superseded(key, bucket)
-    }
-
-    /// True when Redis reported on the bucket's key after its outage ended.
+    /// True when Redis reported on the bucket's key after the bucket's outage
+    /// ended: the report counts what the bucket admitted (the key's next
+    /// Redis call carries it, see [`claim_pending`](Self::claim_pending)), so
+    /// it, not the bucket, is the key's latest word. Until then a later
+    /// outage goes on from the bucket: started afresh from the seed of before
+    /// the first outage, the key would get a second share of the same window.
     fn superseded(&self, key: &LocalKey, bucket: &Bucket) -> bool {
         self.warm.get(key).is_some_and(|w| w.outage > bucket.outage)
     }

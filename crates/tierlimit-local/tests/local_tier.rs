@@ -206,6 +206,12 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
     local.prune();
     assert_eq!(local.len(), 2);
     assert_eq!(admitted(&local, "k", &hourly, 4, 200), 0);
+    // An instance count learned between the outages (one instance fewer):
+    // what this instance used is kept, judged by its new share, 100 of the
+    // hour with 75 used and 21 of the window with 16 used.
+    local.end_outage(Duration::ZERO);
+    assert_eq!(admitted(&local, "k", &hourly, 3, 200), 25);
+    assert_eq!(admitted(&local, "k", &both, 3, 200), 5);
     local.end_outage(Duration::ZERO);
     // Once Redis has reported on a key after the outage, its report seeds the
     // next one, here more room than the bucket had: ceil(100 / 4) = 25.
