@@ -327,38 +327,58 @@ async fn a_second_outage_before_redis_hears_of_the_key_goes_on_from_the_first() 
     let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 60;
     const INSTANCES: u64 = 3;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    let limiters: Vec<HybridLimiter> = (0..INSTANCES)
-        .map(|_| {
-            production(&proxy.url())
-                .instances(Instances::Fixed(INSTANCES))
-                .build()
-                .expect("valid config")
-        })
-        .collect();
+    let (_server, proxy, limiters) = fleet_behind_a_proxy(INSTANCES).await;
     let set = hourly(LIMIT);
-    let trip = RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid");
     let mut fleet = 0;
     for outage in 1..=2 {
-        proxy.set(tierlimit_test::Fault::Refuse);
+        cut_off(&proxy, &limiters).await;
         for l in &limiters {
-            support::trip(l, &trip).await;
             let (admitted, tiers) = hammer(l, &set, 30).await;
             assert_eq!(tiers, vec![Tier::Local], "outage {outage}");
             fleet += admitted;
         }
         // Back, and what was admitted written back, but no check of the key.
-        proxy.set(tierlimit_test::Fault::None);
-        for l in &limiters {
-            support::drained(l, Duration::from_secs(10)).await;
-        }
+        heal(&proxy, &limiters).await;
     }
     assert!(
         fleet <= LIMIT + INSTANCES,
         "the fleet admitted {fleet} in two outages of one hour, bound {}",
         LIMIT + INSTANCES
     );
+}
+
+/// `n` limiters of a fixed instance count `n`, reaching a fresh Redis
+/// through one fault proxy.
+async fn fleet_behind_a_proxy(n: u64) -> (RedisServer, FaultProxy, Vec<HybridLimiter>) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiters = (0..n)
+        .map(|_| {
+            production(&proxy.url())
+                .instances(Instances::Fixed(n))
+                .build()
+                .expect("valid config")
+        })
+        .collect();
+    (server, proxy, limiters)
+}
+
+/// Starts an outage: the proxy refuses, and every limiter's breaker trips.
+async fn cut_off(proxy: &FaultProxy, limiters: &[HybridLimiter]) {
+    proxy.set(tierlimit_test::Fault::Refuse);
+    let trip = RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid");
+    for l in limiters {
+        support::trip(l, &trip).await;
+    }
+}
+
+/// Ends an outage: the proxy passes, and every limiter is back and has
+/// written back what it admitted locally.
+async fn heal(proxy: &FaultProxy, limiters: &[HybridLimiter]) {
+    proxy.set(tierlimit_test::Fault::None);
+    for l in limiters {
+        support::drained(l, Duration::from_secs(10)).await;
+    }
 }
 
 /// Admits through `limiter` until `tries` checks were made; returns how many
@@ -386,35 +406,18 @@ async fn a_second_outage_starts_from_what_redis_last_said() {
     let _serial = tierlimit_test::serial().await;
     const LIMIT: u64 = 60;
     const INSTANCES: u64 = 3;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    let limiters: Vec<HybridLimiter> = (0..INSTANCES)
-        .map(|_| {
-            production(&proxy.url())
-                .instances(Instances::Fixed(INSTANCES))
-                .build()
-                .expect("valid config")
-        })
-        .collect();
+    let (_server, proxy, limiters) = fleet_behind_a_proxy(INSTANCES).await;
     let set = hourly(LIMIT);
     let mut fleet = 0;
 
     // Outage 1: each instance admits 10 of its share of 20.
-    proxy.set(tierlimit_test::Fault::Refuse);
+    cut_off(&proxy, &limiters).await;
     for l in &limiters {
-        support::trip(
-            l,
-            &RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid"),
-        )
-        .await;
         let (admitted, tiers) = hammer(l, &set, 10).await;
         assert_eq!((admitted, tiers), (10, vec![Tier::Local]));
         fleet += admitted;
     }
-    proxy.set(tierlimit_test::Fault::None);
-    for l in &limiters {
-        support::drained(l, Duration::from_secs(10)).await;
-    }
+    heal(&proxy, &limiters).await;
     // Healthy, traffic from every instance in turn: Redis (which now holds
     // the 30 written back) admits 27 more, and each instance hears what is
     // left (no denial yet: a cached denial would answer the next outage by
@@ -437,13 +440,8 @@ async fn a_second_outage_starts_from_what_redis_last_said() {
     );
 
     // Outage 2: every instance starts from Redis' last word (nothing left).
-    proxy.set(tierlimit_test::Fault::Refuse);
+    cut_off(&proxy, &limiters).await;
     for l in &limiters {
-        support::trip(
-            l,
-            &RuleSet::new("trip", [Rule::per_second(1_000).expect("valid")]).expect("valid"),
-        )
-        .await;
         let (admitted, _) = hammer(l, &set, 30).await;
         fleet += admitted;
     }
