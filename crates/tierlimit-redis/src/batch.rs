@@ -11,6 +11,11 @@
 //!   beside them: waiting longer would not make its call much cheaper per
 //!   check, while the server may run out of work before the calls in flight
 //!   come back.
+//! * A queue waits for a call in flight to end at most a
+//!   [`QUEUE_WAIT_SHARE`]th of the deadline from its first check's arrival;
+//!   then that check sends it beside the calls in flight. Calls that take a
+//!   large part of the deadline (a distant or slow server) would otherwise
+//!   leave a queued check less than half of it for its own call.
 //! * A queued check waits at most until its own deadline (counted from its
 //!   arrival, as a lone call's); a batch call's deadline is the earliest of its
 //!   checks', so a failed batch answers every check before any of their
@@ -118,6 +123,16 @@ pub(crate) const EAGER_CALLS: usize = 2;
 /// of 8 or 16 did no better at c = 50 and worse at c = 8.
 pub(crate) const EXTRA_CALL_MIN: usize = 4;
 
+/// A queue goes beside the calls in flight once its first check has waited a
+/// deadline divided by this for one of them to end. On a near server under
+/// load calls end within a millisecond, far sooner (the default deadline is
+/// 50 ms), so this changes nothing there; when a call takes half the
+/// deadline, a queued check waited up to half of it for a call to end and
+/// then spent as long on its own, and a little noise pushed it past the
+/// deadline (the chaos scenario `latency-below-deadline`: checks answered
+/// by their policy while Redis answered every call in time).
+pub(crate) const QUEUE_WAIT_SHARE: u32 = 10;
+
 /// A check waiting for a batch.
 pub(crate) struct Queued {
     pub(crate) escaped: String,
@@ -136,6 +151,20 @@ struct State {
     /// The checks of those calls.
     in_flight_checks: usize,
     queue: VecDeque<Queued>,
+    /// Bumped each time the queue is taken: a check that started a queue
+    /// sends only that queue (see [`Batcher::flush`]).
+    generation: u64,
+}
+
+impl State {
+    /// Takes up to `max` queued checks for one more call in flight.
+    fn take(&mut self, max: usize) -> Vec<Queued> {
+        let take = self.queue.len().min(max);
+        self.in_flight += 1;
+        self.in_flight_checks += take;
+        self.generation += 1;
+        self.queue.drain(..take).collect()
+    }
 }
 
 /// The queue of one connection's checks.
@@ -155,9 +184,18 @@ pub(crate) enum Entry {
     /// Few calls are in flight: send a lone call now (and end it with
     /// [`Batcher::done`]).
     Send,
-    /// Queued: wait on the receiver. When the queue reached the bound, the
-    /// caller sends this full batch at once (and ends it with `done`).
-    Wait(oneshot::Receiver<Checked>, Option<Vec<Queued>>),
+    /// Queued: wait on `rx`.
+    Wait {
+        /// Where the check's answer comes.
+        rx: oneshot::Receiver<Checked>,
+        /// The queue, when this check made it large enough to go at once:
+        /// the caller sends it (and ends it with `done`).
+        full: Option<Vec<Queued>>,
+        /// The queue's generation, when this check started it: the caller
+        /// [`flush`](Batcher::flush)es it if no call has ended by the
+        /// [`QUEUE_WAIT_SHARE`]th of its deadline.
+        first: Option<u64>,
+    },
 }
 
 impl Batcher {
@@ -198,12 +236,25 @@ impl Batcher {
         state.queue.push_back(make(tx));
         let queued = state.queue.len();
         if queued >= self.max.min(state.in_flight_checks.max(EXTRA_CALL_MIN)) {
-            state.in_flight += 1;
-            state.in_flight_checks += queued;
-            let full = state.queue.drain(..).collect();
-            return Entry::Wait(rx, Some(full));
+            let full = state.take(self.max);
+            return Entry::Wait {
+                rx,
+                full: Some(full),
+                first: None,
+            };
         }
-        Entry::Wait(rx, None)
+        Entry::Wait {
+            rx,
+            full: None,
+            first: (queued == 1).then_some(state.generation),
+        }
+    }
+
+    /// The queue of `generation`, if no call has taken it yet, to send beside
+    /// the calls in flight (ended with [`done`](Self::done) like any call).
+    pub(crate) fn flush(&self, generation: u64) -> Option<Vec<Queued>> {
+        let mut state = self.lock();
+        (state.generation == generation && !state.queue.is_empty()).then(|| state.take(self.max))
     }
 
     /// A call of `checks` checks ended: the next batch for its sender to
@@ -211,13 +262,12 @@ impl Batcher {
     pub(crate) fn done(&self, checks: usize) -> Option<Vec<Queued>> {
         let mut state = self.lock();
         state.in_flight_checks = state.in_flight_checks.saturating_sub(checks);
+        // This call's slot goes to the next batch, if any.
+        state.in_flight = state.in_flight.saturating_sub(1);
         if state.queue.is_empty() {
-            state.in_flight = state.in_flight.saturating_sub(1);
             return None;
         }
-        let take = state.queue.len().min(self.max);
-        state.in_flight_checks += take;
-        Some(state.queue.drain(..take).collect())
+        Some(state.take(self.max))
     }
 
     /// A batch of `checks` could not be sent (no runtime to send it on): one
@@ -228,6 +278,7 @@ impl Batcher {
         state.in_flight = state.in_flight.saturating_sub(1);
         state.in_flight_checks = state.in_flight_checks.saturating_sub(checks);
         state.queue.clear();
+        state.generation += 1;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -267,7 +318,7 @@ mod tests {
 
     fn wait(entry: Entry) -> (oneshot::Receiver<Checked>, Option<Vec<Queued>>) {
         match entry {
-            Entry::Wait(rx, full) => (rx, full),
+            Entry::Wait { rx, full, .. } => (rx, full),
             Entry::Send => panic!("expected to queue"),
         }
     }
@@ -314,7 +365,7 @@ mod tests {
         let next = batcher.done(1).expect("one check still queued");
         assert_eq!(next.len(), 1);
         // Still EAGER_CALLS + 1 calls in flight (the hand-off keeps its slot).
-        assert!(matches!(batcher.enter(queued), Entry::Wait(..)));
+        assert!(matches!(batcher.enter(queued), Entry::Wait { .. }));
         batcher.abandon(1);
         for _ in 0..EAGER_CALLS {
             assert!(batcher.done(1).is_none());
@@ -353,6 +404,50 @@ mod tests {
         // A call of 12 ends: 68 checks in flight, so the bound sends the next.
         assert!(batcher.done(12).is_none());
         let _f = queue(32);
+    }
+
+    /// The check that starts a queue may send it beside the calls in flight
+    /// (once), and only that queue: not one a call has taken since, nor the
+    /// next one.
+    #[tokio::test]
+    async fn the_first_queued_check_flushes_its_own_queue_only() {
+        let batcher = Batcher::new(32);
+        for _ in 0..EAGER_CALLS {
+            assert!(matches!(batcher.enter(queued), Entry::Send));
+        }
+        let first = |entry: Entry| match entry {
+            Entry::Wait {
+                rx,
+                full: None,
+                first,
+            } => (rx, first),
+            _ => panic!("expected to queue below the bound"),
+        };
+        let (_a, generation) = first(batcher.enter(queued));
+        let generation = generation.expect("the first queued check starts the queue");
+        let (_b, second) = first(batcher.enter(queued));
+        assert_eq!(second, None, "only the first check flushes");
+        let flushed = batcher
+            .flush(generation)
+            .expect("the queue is still waiting");
+        assert_eq!(flushed.len(), 2);
+        assert!(batcher.flush(generation).is_none(), "taken already");
+        // The flushed call is one more in flight: the next queue forms at
+        // once, and a call that ends hands it on before its starter flushes.
+        let (_c, next) = first(batcher.enter(queued));
+        let next = next.expect("a new queue");
+        assert_ne!(next, generation);
+        assert_eq!(batcher.done(1).map(|q| q.len()), Some(1));
+        assert!(batcher.flush(next).is_none(), "a call took it");
+        let (_d, later) = first(batcher.enter(queued));
+        assert!(
+            batcher.flush(next).is_none(),
+            "not the starter of this queue"
+        );
+        assert_eq!(
+            batcher.flush(later.expect("a new queue")).map(|q| q.len()),
+            Some(1)
+        );
     }
 
     /// Bad input is not a fault of the call: the first Redis fault reports it.

@@ -17,7 +17,7 @@ use tierlimit_core::{
     validate_key,
 };
 
-use crate::batch::{Batcher, CheckKey, Checked, Entry, Queued, reporter};
+use crate::batch::{Batcher, CheckKey, Checked, Entry, QUEUE_WAIT_SHARE, Queued, reporter};
 use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slot, seed_urls};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
@@ -322,7 +322,8 @@ impl RedisTier {
         if !batcher.enabled() {
             return self.check_alone(key.escaped(), set, cost, now, nonce).await;
         }
-        let deadline = tokio::time::Instant::now() + self.inner.deadline;
+        let arrived = tokio::time::Instant::now();
+        let deadline = arrived + self.inner.deadline;
         let entry = batcher.enter(|tx| Queued {
             escaped: key.escaped().to_owned(),
             set: set.clone(),
@@ -341,19 +342,30 @@ impl RedisTier {
                 };
                 self.check_alone(key.escaped(), set, cost, now, nonce).await
             }
-            Entry::Wait(rx, full) => {
+            Entry::Wait {
+                mut rx,
+                full,
+                first,
+            } => {
                 if let Some(full) = full {
                     self.spawn_batch(full, batcher.into_owned());
+                } else if let Some(generation) = first {
+                    let flush_at = arrived + self.inner.deadline / QUEUE_WAIT_SHARE;
+                    match tokio::time::timeout_at(flush_at, &mut rx).await {
+                        Ok(answer) => return answered(answer.ok()),
+                        Err(_) => {
+                            if let Some(queue) = batcher.flush(generation) {
+                                self.spawn_batch(queue, batcher.into_owned());
+                            }
+                        }
+                    }
                 }
-                match tokio::time::timeout_at(deadline, rx).await {
-                    Ok(Ok(checked)) => checked,
-                    // Past its deadline, or its batch was dropped unsent
-                    // (the runtime is shutting down): either way no answer.
-                    _ => Checked {
-                        result: Err(timeout()),
-                        counts_call: false,
-                    },
-                }
+                answered(
+                    tokio::time::timeout_at(deadline, rx)
+                        .await
+                        .ok()
+                        .and_then(Result::ok),
+                )
             }
         }
     }
@@ -1441,6 +1453,15 @@ fn install_crypto_provider() {
         // Err only when another thread installed one first: that one serves.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// A queued check's outcome: no answer (a timeout) when its deadline passed
+/// or its batch was dropped unsent (the runtime is shutting down).
+fn answered(answer: Option<Checked>) -> Checked {
+    answer.unwrap_or_else(|| Checked {
+        result: Err(timeout()),
+        counts_call: false,
+    })
 }
 
 /// A call of `checks` checks in flight: when it ends, however it ends (its

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use support::{ALGORITHMS, rule, set, storage_key};
 use tierlimit_core::{Clock, FakeClock, Rule, RuleSet};
 use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, ScriptMode, TimeSource};
-use tierlimit_test::RedisServer;
+use tierlimit_test::{Fault, FaultProxy, RedisServer};
 
 fn tier_batching(url: &str, max_batch: usize, time: TimeSource, deadline: Duration) -> RedisTier {
     RedisTier::new(
@@ -369,6 +369,41 @@ async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
     assert!(
         (1..=7).contains(&reporting),
         "{reporting} of 30 failed checks report a call: at most seven calls"
+    );
+}
+
+/// Calls that take most of half the deadline (a distant server, here a
+/// proxy's delay): a queued check waits a tenth of its deadline for a call
+/// to end, then goes beside the calls in flight. Waiting for one to end, it
+/// then spent as long again on its own call and ran out of deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let deadline = Duration::from_millis(200);
+    let tier = tier_batching(&proxy.url(), 32, TimeSource::Server, deadline);
+    warm(&tier).await;
+    // A round trip takes two delays: 120 ms, 60 % of the deadline.
+    let delay = Duration::from_millis(60);
+    tokio::task::block_in_place(|| proxy.set(Fault::Latency(delay)));
+    let set = set("far", [Rule::per_hour(1000).expect("valid")]);
+    // Two lone calls, a batch as large as they are (4), and the last two
+    // queue behind those three calls.
+    let checks: Vec<_> = (0..8).map(|i| (format!("k{i}"), set.clone(), 1)).collect();
+    let before = server.script_calls().await;
+    let outcomes = all_at_once(&tier, &checks).await;
+    for (i, (checked, took)) in outcomes.iter().enumerate() {
+        assert!(
+            checked.result.is_ok(),
+            "check {i} after {took:?} (deadline {deadline:?}): {:?}",
+            checked.result
+        );
+    }
+    tokio::task::block_in_place(|| proxy.set(Fault::None));
+    assert_eq!(
+        server.script_calls().await - before,
+        4,
+        "two lone calls, the batch that went at once, the queue sent beside them"
     );
 }
 

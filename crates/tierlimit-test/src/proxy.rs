@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Runtime;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// How long [`FaultProxy::set`] waits for a fault to take effect, and how long
 /// the proxy keeps trying to re-bind its port after [`Fault::Refuse`].
@@ -317,30 +317,46 @@ async fn killed(mut rx: watch::Receiver<State>) {
     }
 }
 
-/// Copies chunks from `from` to `to`, applying the fault in force when each chunk arrives.
+/// Copies chunks from `from` to `to`, applying the fault in force when each
+/// chunk arrives. A delayed chunk is held back by its own delay from its
+/// arrival, not behind the chunks before it: requests sent one after another
+/// overlap on their way, as on a link whose latency is not its bandwidth.
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     to_client: bool,
     rx: &watch::Receiver<State>,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let fault = rx.borrow().0;
-        match fault {
-            Fault::None => {}
-            Fault::Latency(delay) => tokio::time::sleep(delay).await,
-            Fault::Blackhole => continue,
-            Fault::DropReplies if to_client => continue,
-            Fault::DropReplies => {}
-            Fault::Refuse | Fault::Reset => return,
+    let (tx, mut due) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let now = tokio::time::Instant::now();
+            let at = match rx.borrow().0 {
+                Fault::None => now,
+                Fault::Latency(delay) => now + delay,
+                Fault::Blackhole => continue,
+                Fault::DropReplies if to_client => continue,
+                Fault::DropReplies => now,
+                Fault::Refuse | Fault::Reset => return,
+            };
+            if tx.send((at, buf[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    // Ends when the reader has ended and what it passed on is written.
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    tokio::join!(read, write);
 }

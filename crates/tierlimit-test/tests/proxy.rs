@@ -71,6 +71,43 @@ async fn latency_delays_replies() {
     );
 }
 
+/// Each chunk is delayed by itself: a request sent while an earlier one is
+/// still held back is not queued behind it (else two calls in flight took
+/// three delays and more, not two).
+#[tokio::test]
+async fn latency_delays_each_chunk_from_its_own_arrival() {
+    let _serial = tierlimit_test::serial().await;
+    let (_server, proxy, _conn) = setup().await;
+    let delay = Duration::from_millis(200);
+    let mut raw = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(raw_ping(&mut raw).await.expect("PING"), b"+PONG\r\n");
+    proxy.set(Fault::Latency(delay));
+    let started = Instant::now();
+    raw.write_all(b"PING\r\n").await.expect("write");
+    // The second request leaves half a delay after the first (a scripted
+    // gap, not a wait for anything).
+    tokio::time::sleep(delay / 2).await;
+    raw.write_all(b"PING\r\n").await.expect("write");
+    let mut got = Vec::new();
+    while got.len() < 14 {
+        let mut buf = [0u8; 64];
+        let n = timeout(Duration::from_secs(5), raw.read(&mut buf))
+            .await
+            .expect("both replies within 5 s")
+            .expect("read");
+        assert!(n > 0, "the proxy closed the connection");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let took = started.elapsed();
+    assert_eq!(got, b"+PONG\r\n+PONG\r\n");
+    // Each round trip is two delays: the second ends at 2.5 delays. Behind
+    // the first, it would end at 3 (its request sent on at 2, its reply at 3).
+    assert!(
+        took >= delay * 5 / 2 && took < delay * 5 / 2 + delay * 2 / 5,
+        "two overlapping round trips took {took:?}, delay {delay:?}"
+    );
+}
+
 #[tokio::test]
 async fn blackhole_hangs_with_the_socket_open() {
     let _serial = tierlimit_test::serial().await;
