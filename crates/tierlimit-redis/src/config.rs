@@ -177,8 +177,9 @@ impl RedisTierConfig {
 
     /// The most checks one script call may carry (default 32; 1 to 1000; 1
     /// turns batching off). Checks that arrive while calls are in flight
-    /// queue and go together in one call (when a call ends, or once the queue
-    /// is as large as the calls in flight), each decided as if sent alone, in
+    /// queue and go together in one call (when a call ends, once the queue
+    /// is as large as the calls in flight, or once it has waited a tenth of
+    /// the deadline), each decided as if sent alone, in
     /// arrival order; a check on an idle connection goes at once. See
     /// [`RedisTier::check_key`](crate::RedisTier::check_key).
     pub fn max_batch(mut self, checks: usize) -> Self {

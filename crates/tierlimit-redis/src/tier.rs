@@ -273,9 +273,12 @@ impl RedisTier {
     /// queue and then go together, in arrival order, in one call of the batch
     /// script (`lua/check_batch.lua`), which decides each exactly as a lone
     /// call would have and answers one reply per check. The queue goes when a
-    /// call in flight ends, or at once when it holds as many checks as the
-    /// calls in flight (at least four) or `max_batch`. A check never waits longer
-    /// than its deadline (counted from its arrival): past it, it fails with a
+    /// call in flight ends, at once when it holds as many checks as the
+    /// calls in flight (at least four) or `max_batch`, and beside the calls
+    /// in flight once its first check has waited a tenth of the deadline
+    /// (so a slow or distant server leaves each check most of its deadline
+    /// for its own call). A check never waits longer than its deadline
+    /// (counted from its arrival): past it, it fails with a
     /// [`Timeout`](tierlimit_core::RedisFailure::Timeout) whether it was still
     /// queued or in a call. When a call fails, every check of it fails as a
     /// lone call would, and one of them has [`Checked::counts_call`] set, so a
