@@ -352,7 +352,11 @@ async fn pump(
     // Ends when the reader has ended and what it passed on is written.
     let write = async move {
         while let Some((at, chunk)) = due.recv().await {
-            tokio::time::sleep_until(at).await;
+            // A timer, even one already due, waits for the timer wheel's
+            // next tick (a millisecond): none for a chunk not delayed.
+            if at > tokio::time::Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
