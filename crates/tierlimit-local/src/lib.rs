@@ -52,10 +52,11 @@
 //! admitted: the key's next Redis call carries it). A later outage, or
 //! another instance count, goes on from the bucket until then, converted
 //! like a limit change (what this instance used, judged by its new share),
-//! and from the report after it. So a second outage soon after the first
-//! does not hand a key a second share of the same window, and a key used
-//! through Redis between two outages does not meet the second with the
-//! first one's leftover.
+//! and from the report after it. Pruned before any report, the bucket
+//! leaves what it used as the key's warm seed. So a second outage soon
+//! after the first does not hand a key a second share of the same window,
+//! and a key used through Redis between two outages does not meet the
+//! second with the first one's leftover.
 //!
 //! # Examples
 //!

@@ -231,6 +231,14 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
     }
 }
 
+/// A window slot's count in the window of `now` (0 for a GCRA slot).
+pub(crate) fn in_window(rule: &Rule, slot: Slot, now: u64) -> u64 {
+    match slot {
+        Slot::Window { index, current, .. } if index == local_window_index(rule, now) => current,
+        _ => 0,
+    }
+}
+
 /// True when the slot holds nothing a fresh slot would not: it can be forgotten.
 pub(crate) fn is_idle(rule: &Rule, share: Share, slot: Slot, now: u64) -> bool {
     match slot {

@@ -355,20 +355,11 @@ fn engine_slot(set: &RuleSet, instances: u64) -> (u64, u64) {
 ///   More than the new burst is kept too: denied until it has drained.
 /// - Windows: the counts stay; the new limit judges them.
 fn carry(from: &RuleEngine, to: &RuleEngine, rule: &Rule, state: &State, now: Now) -> State {
+    if let State::Own(slot @ Slot::Window { .. }) = state {
+        return State::Own(*slot);
+    }
     let period_us = u128::from(rule.period_micros().max(1));
-    // Units still draining, times the period in µs.
-    let used = match (from, state) {
-        (_, State::Own(slot @ Slot::Window { .. })) => return State::Own(*slot),
-        (RuleEngine::Governor { t_ns, .. }, State::Governor(tat)) => {
-            let ahead_ns = u128::from(tat.get().saturating_sub(now.mono_ns));
-            (ahead_ns * period_us).div_ceil(u128::from((*t_ns).max(1)))
-        }
-        (RuleEngine::Own(share), State::Own(Slot::Tat(stored))) => {
-            stored.saturating_sub(u128::from(now.unix_us) * u128::from(share.limit))
-        }
-        // States are made from their engine; a mismatch holds nothing.
-        _ => 0,
-    };
+    let used = draining(from, rule, state, now);
     match to {
         RuleEngine::Governor { t_ns, .. } if used > 0 => {
             let ahead_ns = (used * u128::from(*t_ns)).div_ceil(period_us);
@@ -380,6 +371,37 @@ fn carry(from: &RuleEngine, to: &RuleEngine, rule: &Rule, state: &State, now: No
             u128::from(now.unix_us) * u128::from(share.limit) + used,
         )),
         RuleEngine::Own(_) => State::Own(Slot::Tat(0)),
+    }
+}
+
+/// A GCRA state's units still draining at `now`, times the rule's period in
+/// µs (exact for this crate's slot, rounded up from governor's
+/// nanoseconds); 0 for a window.
+fn draining(engine: &RuleEngine, rule: &Rule, state: &State, now: Now) -> u128 {
+    match (engine, state) {
+        (RuleEngine::Governor { t_ns, .. }, State::Governor(tat)) => {
+            let ahead_ns = u128::from(tat.get().saturating_sub(now.mono_ns));
+            (ahead_ns * u128::from(rule.period_micros())).div_ceil(u128::from((*t_ns).max(1)))
+        }
+        (RuleEngine::Own(share), State::Own(Slot::Tat(stored))) => {
+            stored.saturating_sub(u128::from(now.unix_us) * u128::from(share.limit))
+        }
+        // Windows, and a state not of its engine (states are made from
+        // their engine: never).
+        _ => 0,
+    }
+}
+
+/// The units of a rule's share a state holds at `now`: a GCRA state's still
+/// draining (rounded up), a window's counted in the current window.
+fn in_use(engine: &RuleEngine, rule: &Rule, state: &State, now: Now) -> u64 {
+    match state {
+        State::Own(slot @ Slot::Window { .. }) => slot::in_window(rule, *slot, now.unix_us),
+        _ => {
+            let units = draining(engine, rule, state, now)
+                .div_ceil(u128::from(rule.period_micros().max(1)));
+            u64::try_from(units).unwrap_or(u64::MAX)
+        }
     }
 }
 
@@ -565,8 +587,10 @@ impl LocalTier {
     /// Until then the bucket is the latest word on its key and the next
     /// outage goes on from it: a key Redis was not asked about between two
     /// outages would otherwise get a second share of the same window from
-    /// the seed of before the first. Such buckets stay (and count towards
-    /// [`LocalConfig::max_keys`]) until they are back to full.
+    /// the seed of before the first. Pruned once the outage has settled,
+    /// such a bucket leaves what it used as its key's warm seed (bounded by
+    /// [`LocalConfig::max_warm_keys`]; when that map is full, the key's older
+    /// seed, if any, stays).
     ///
     /// For `settle` after that, a key's bucket from the ended outage still
     /// bounds it ([`settling`](Self::settling)): instances return from an
@@ -870,6 +894,40 @@ impl LocalTier {
         self.warm.get(key).is_some_and(|w| w.outage > bucket.outage)
     }
 
+    /// Keeps what a bucket Redis has not reported on since its outage used as
+    /// its key's warm seed, as if Redis had reported it: the whole rule's
+    /// remaining that leaves each instance this one's share minus what it
+    /// used. So the bucket's memory can go while the next outage still starts
+    /// the key where this one left it. (A sliding window's previous window
+    /// is not kept: its estimate starts from the current one's count.)
+    fn keep_as_seed(&self, key: &LocalKey, bucket: &Bucket, now: Now) {
+        let Some(engine) = &bucket.engine else {
+            return;
+        };
+        let rules = engine.set.rules();
+        let Some(mut w) = self.warm.entry_of(key.set(), key.key(), |_| Warm {
+            seen_at_us: 0,
+            expires_us: 0,
+            outage: 0,
+            remaining: smallvec::smallvec![(0, 0); rules.len()],
+        }) else {
+            return;
+        };
+        let mut longest = 0u64;
+        let states = engine.rules.iter().zip(bucket.rules.iter());
+        for ((slot, rule), (e, r)) in w.remaining.iter_mut().zip(rules).zip(states) {
+            let share = Share::of(rule, engine.instances);
+            let left = share.capacity - in_use(e, rule, &r.state, now).min(share.capacity);
+            let remaining = left.saturating_mul(engine.instances).min(rule.capacity());
+            *slot = (remaining, rule.capacity());
+            longest = longest.max(rule.period_micros());
+        }
+        w.seen_at_us = now.unix_us;
+        w.expires_us = now.unix_us.saturating_add(longest);
+        // Not a report after the bucket's outage: it supersedes no bucket.
+        w.outage = bucket.outage;
+    }
+
     fn mark_owing(&self) {
         if !self.owing.load(Ordering::Relaxed) {
             self.owing.store(true, Ordering::SeqCst);
@@ -1135,9 +1193,10 @@ impl LocalTier {
         Some(decision)
     }
 
-    /// Forgets what no longer matters: buckets back to full or superseded by
-    /// a Redis report on their key once their outage has settled (and what
-    /// they owe is in the ledger), expired denials and
+    /// Forgets what no longer matters: buckets back to full or of an ended
+    /// outage that has settled (once what they owe is in the ledger; one
+    /// Redis has not reported on since leaves what it used as its key's warm
+    /// seed, see [`end_outage`](Self::end_outage)), expired denials and
     /// warm-start values, engines no bucket uses; returns memory to the
     /// allocator.
     pub fn prune(&self) {
@@ -1151,8 +1210,19 @@ impl LocalTier {
                 .rules
                 .iter()
                 .any(|r| r.owed.units.load(Ordering::Acquire) > 0);
-            owes || (!b.is_idle(now)
-                && ((settling && b.outage + 1 == outage) || !self.superseded(key, b)))
+            if owes {
+                return true;
+            }
+            if b.is_idle(now) {
+                return false;
+            }
+            if b.outage == outage || (settling && b.outage + 1 == outage) {
+                return true;
+            }
+            if !self.superseded(key, b) {
+                self.keep_as_seed(key, b, now);
+            }
+            false
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);
