@@ -332,7 +332,8 @@ async fn a_hung_server_fails_every_check_of_a_batch_within_the_deadline() {
     }
     let reporting = outcomes.iter().filter(|(c, _)| c.counts_call).count();
     // The burst goes as two lone calls, then batches as large as the calls
-    // in flight (4, 6, 12), and the last 6 once those time out (their
+    // in flight (4, 6, 12), and the last 6 once they have waited a tenth of
+    // the deadline (or, on a slow machine, once a call times out, their
     // deadlines then almost spent). Every call that timed out speaks for
     // itself, the batches too (a batch's call ends just before its checks'
     // own timers fire): not only the lone calls, whose callers wait for them.
