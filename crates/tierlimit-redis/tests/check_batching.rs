@@ -1,5 +1,9 @@
 //! Adaptive batching (issue 11): checks that arrive while a call is in flight
 //! go together in one call of the batch script, each decided as if sent alone.
+//!
+//! The tests that bound a check's time, and the one that loads the machine,
+//! take `tierlimit_test::serial()` (for `cargo test`, which runs a binary's
+//! tests side by side).
 
 mod support;
 
@@ -310,6 +314,7 @@ async fn functions_and_scripts_decide_the_same() {
 /// checks, are what a breaker would count.
 #[tokio::test(flavor = "current_thread")]
 async fn a_hung_server_fails_every_check_of_a_batch_within_the_deadline() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let deadline = Duration::from_millis(300);
     let tier = tier_batching(&server.url(), 32, TimeSource::Server, deadline);
@@ -347,6 +352,7 @@ async fn a_hung_server_fails_every_check_of_a_batch_within_the_deadline() {
 /// deadline; one report per call made, far fewer than checks.
 #[tokio::test(flavor = "current_thread")]
 async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
+    let _serial = tierlimit_test::serial().await;
     let mut server = RedisServer::start();
     let deadline = Duration::from_millis(300);
     let tier = tier_batching(&server.url(), 32, TimeSource::Server, deadline);
@@ -379,6 +385,7 @@ async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
 /// then spent as long again on its own call and ran out of deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
     let deadline = Duration::from_millis(200);
@@ -411,6 +418,7 @@ async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
 /// Under load, script calls per check fall far below one.
 #[tokio::test(flavor = "current_thread")]
 async fn script_calls_per_check_fall_under_load() {
+    let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let tier = tier_batching(
         &server.url(),
