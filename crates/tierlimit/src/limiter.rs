@@ -424,7 +424,8 @@ pub(crate) struct Inner {
 ///   rate, and while it is open no check touches Redis.
 /// * [`Policy::LocalFallback`] decides with per-process buckets sized to this
 ///   instance's share of each limit, started from what Redis last reported for
-///   the key; what they admit is kept in the outage ledger.
+///   the key (or from what an earlier outage used of it, when Redis has not
+///   reported on the key since); what they admit is kept in the outage ledger.
 /// * A Redis denial is cached until its retry-after, so a client hammering a
 ///   denied key costs no Redis round trip.
 ///
