@@ -11,9 +11,9 @@
 //!   beside them: waiting longer would not make its call much cheaper per
 //!   check, while the server may run out of work before the calls in flight
 //!   come back.
-//! * A queue waits for a call in flight to end at most a
-//!   [`QUEUE_WAIT_SHARE`]th of the deadline from its first check's arrival;
-//!   then that check sends it beside the calls in flight. Calls that take a
+//! * A queue waits for a call in flight to end at most the deadline ÷
+//!   [`QUEUE_WAIT_SHARE`] (a tenth) from its first check's arrival; then that
+//!   check sends it beside the calls in flight. Calls that take a
 //!   large part of the deadline (a distant or slow server) would otherwise
 //!   leave a queued check less than half of it for its own call.
 //! * A queued check waits at most until its own deadline (counted from its
@@ -192,8 +192,8 @@ pub(crate) enum Entry {
         /// the caller sends it (and ends it with `done`).
         full: Option<Vec<Queued>>,
         /// The queue's generation, when this check started it: the caller
-        /// [`flush`](Batcher::flush)es it if no call has ended by the
-        /// [`QUEUE_WAIT_SHARE`]th of its deadline.
+        /// [`flush`](Batcher::flush)es it if no call has taken it within the
+        /// deadline ÷ [`QUEUE_WAIT_SHARE`].
         first: Option<u64>,
     },
 }
