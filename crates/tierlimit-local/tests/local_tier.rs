@@ -187,39 +187,41 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
         &hourly,
         [(290, Duration::from_secs(3_600))].into_iter(),
     );
+    // What each set admits of 200 tries, with `instances` instances.
+    let admits = |instances| {
+        (
+            admitted(&local, "k", &hourly, instances, 200),
+            admitted(&local, "k", &both, instances, 200),
+        )
+    };
     // Outage 1, four instances: ceil(290 / 4) = 73 of the hourly share, and
     // 16 of the window's (with the hour's 75 behind it).
-    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 73);
-    assert_eq!(admitted(&local, "k", &both, 4, 200), 16);
+    assert_eq!(admits(4), (73, 16));
     local.end_outage(Duration::from_secs(5));
     // Outage 2, half a second later, in the same window: nothing is left.
     clock.advance(Duration::from_millis(500));
-    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 0);
-    assert_eq!(admitted(&local, "k", &both, 4, 200), 0);
+    assert_eq!(admits(4), (0, 0));
     // An instance count learned between the outages (one instance fewer):
     // what this instance used is kept, judged by its new share, 100 of the
     // hour with 75 used and 21 of the window with 16 used.
     local.end_outage(Duration::ZERO);
-    assert_eq!(admitted(&local, "k", &hourly, 3, 200), 25);
-    assert_eq!(admitted(&local, "k", &both, 3, 200), 5);
+    assert_eq!(admits(3), (25, 5));
     // Ended, settled and pruned with no report on the key in between: the
     // buckets go, and what they used stays as the keys' seeds.
     local.end_outage(Duration::ZERO);
     local.prune();
     assert!(local.is_empty());
-    assert_eq!(admitted(&local, "k", &hourly, 3, 200), 0);
-    assert_eq!(admitted(&local, "k", &both, 3, 200), 0);
+    assert_eq!(admits(3), (0, 0));
     local.end_outage(Duration::ZERO);
     // Once Redis has reported on a key after the outage, its report seeds the
-    // next one, here more room than the bucket had: ceil(100 / 4) = 25.
+    // next one, here more room than the bucket had: ceil(100 / 4) = 25. The
+    // other set's key was not reported on: still nothing left.
     local.remember(
         "k",
         &hourly,
         [(100, Duration::from_secs(3_600))].into_iter(),
     );
-    assert_eq!(admitted(&local, "k", &hourly, 4, 200), 25);
-    // The other set's key was not reported on: still nothing left.
-    assert_eq!(admitted(&local, "k", &both, 4, 200), 0);
+    assert_eq!(admits(4), (25, 0));
 }
 
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
