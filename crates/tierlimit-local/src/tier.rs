@@ -42,7 +42,8 @@ pub struct LocalConfig {
     pub max_denials: usize,
     /// Most keys whose last Redis-reported remaining is kept for warm starts.
     /// When full, new keys are not remembered until pruning frees room (they
-    /// start full locally).
+    /// start full locally), and an ended outage's bucket that would leave
+    /// its usage here as a seed is kept instead of pruned.
     pub max_warm_keys: usize,
     /// Most outage-ledger entries; see [`Ledger`].
     pub max_ledger_entries: usize,
@@ -588,9 +589,9 @@ impl LocalTier {
     /// outage goes on from it: a key Redis was not asked about between two
     /// outages would otherwise get a second share of the same window from
     /// the seed of before the first. Pruned once the outage has settled,
-    /// such a bucket leaves what it used as its key's warm seed (bounded by
-    /// [`LocalConfig::max_warm_keys`]; when that map is full, the key's older
-    /// seed, if any, stays).
+    /// such a bucket leaves what it used as its key's warm seed (when the
+    /// warm map is full at [`LocalConfig::max_warm_keys`], the bucket stays
+    /// instead, until a later prune finds room or it is back to full).
     ///
     /// For `settle` after that, a key's bucket from the ended outage still
     /// bounds it ([`settling`](Self::settling)): instances return from an
@@ -900,9 +901,11 @@ impl LocalTier {
     /// used. So the bucket's memory can go while the next outage still starts
     /// the key where this one left it. (A sliding window's previous window
     /// is not kept: its estimate starts from the current one's count.)
-    fn keep_as_seed(&self, key: &LocalKey, bucket: &Bucket, now: Now) {
+    /// False when the warm map is full: then the bucket must stay, or what
+    /// it used would be lost.
+    fn keep_as_seed(&self, key: &LocalKey, bucket: &Bucket, now: Now) -> bool {
         let Some(engine) = &bucket.engine else {
-            return;
+            return true;
         };
         let rules = engine.set.rules();
         let Some(mut w) = self.warm.entry_of(key.set(), key.key(), |_| Warm {
@@ -911,7 +914,7 @@ impl LocalTier {
             outage: 0,
             remaining: smallvec::smallvec![(0, 0); rules.len()],
         }) else {
-            return;
+            return false;
         };
         let mut longest = 0u64;
         let states = engine.rules.iter().zip(bucket.rules.iter());
@@ -926,6 +929,7 @@ impl LocalTier {
         w.expires_us = now.unix_us.saturating_add(longest);
         // Not a report after the bucket's outage: it supersedes no bucket.
         w.outage = bucket.outage;
+        true
     }
 
     fn mark_owing(&self) {
@@ -1219,10 +1223,9 @@ impl LocalTier {
             if b.outage == outage || (settling && b.outage + 1 == outage) {
                 return true;
             }
-            if !self.superseded(key, b) {
-                self.keep_as_seed(key, b, now);
-            }
-            false
+            // A bucket whose seed finds no room in the warm map stays until
+            // a later prune finds room or it is idle.
+            !(self.superseded(key, b) || self.keep_as_seed(key, b, now))
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);

@@ -224,6 +224,40 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
     assert_eq!(admits(4), (25, 0));
 }
 
+/// A bucket pruned before Redis reported on its key leaves its usage as the
+/// key's warm seed; when the warm map is full, the bucket stays instead:
+/// dropped with nowhere to keep its usage, its key would start the next
+/// outage from full.
+#[test]
+fn a_bucket_whose_seed_finds_no_room_is_kept_not_forgotten() {
+    let (local, clock) = tier(LocalConfig {
+        max_warm_keys: 1,
+        ..LocalConfig::default()
+    });
+    let hourly = RuleSet::new("h", [Rule::per_hour(100).expect("valid")]).expect("valid");
+    // Outage 1: both keys spend their whole share.
+    assert_eq!(admitted(&local, "a", &hourly, 1, 200), 100);
+    assert_eq!(admitted(&local, "b", &hourly, 1, 200), 100);
+    local.end_outage(Duration::ZERO);
+    clock.advance(Duration::from_millis(1));
+    local.prune();
+    // One seed fits; the other key's bucket is kept.
+    assert_eq!((local.warm_count(), local.len()), (1, 1));
+    // Outage 2, in the same hour: neither key has anything left.
+    assert_eq!(
+        (
+            admitted(&local, "a", &hourly, 1, 200),
+            admitted(&local, "b", &hourly, 1, 200)
+        ),
+        (0, 0)
+    );
+    // Once the hour has passed, the kept bucket is idle and goes.
+    local.end_outage(Duration::ZERO);
+    clock.advance(Duration::from_secs(3_601));
+    local.prune();
+    assert!(local.is_empty());
+}
+
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
 /// and a bucket was rebuilt whenever the stored set differed, so two sets with
 /// one name (or a rule's period edited during a rolling deploy) reset each
