@@ -88,7 +88,9 @@ pub(crate) fn used_at_seed(share: Share, remaining: u64, instances: u64) -> u64 
 }
 
 /// A slot for a key never seen locally, seeded from the `remaining` Redis last
-/// reported at `seen_at` (µs), scaled to the share, or full when nothing is known.
+/// reported at `seen_at` (µs), scaled to the share, or full when nothing is
+/// known. A window seed counts in the window it was taken in, and a sliding
+/// window's seed of the window before as that window's count.
 pub(crate) fn fresh(
     rule: &Rule,
     share: Share,
@@ -109,16 +111,21 @@ pub(crate) fn fresh(
         )
     } else {
         let index = local_window_index(rule, now);
-        let current = match seed {
-            Some((remaining, seen_at)) if local_window_index(rule, seen_at) == index => {
-                share.limit - local_remaining(remaining, share.limit)
-            }
-            _ => 0,
+        let used = |remaining| share.limit - local_remaining(remaining, share.limit);
+        // What was used when the seed was taken counts in its window; a
+        // sliding window's estimate still weighs the window before.
+        let (current, previous) = match seed {
+            Some((remaining, at)) => match index.checked_sub(local_window_index(rule, at)) {
+                Some(0) => (used(remaining), 0),
+                Some(1) if rule.algorithm() != Algorithm::FixedWindow => (0, used(remaining)),
+                _ => (0, 0),
+            },
+            None => (0, 0),
         };
         Slot::Window {
             index,
             current,
-            previous: 0,
+            previous,
         }
     }
 }
@@ -231,12 +238,31 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
     }
 }
 
-/// A window slot's count in the window of `now` (0 for a GCRA slot).
+/// The units a window slot holds against a request at `now`: a fixed
+/// window's count in the window of `now`, a sliding window's estimate (the
+/// window before weighted by what of it the trailing period still covers,
+/// rounded up, plus the current one's count); 0 for a GCRA slot.
 pub(crate) fn in_window(rule: &Rule, slot: Slot, now: u64) -> u64 {
-    match slot {
-        Slot::Window { index, current, .. } if index == local_window_index(rule, now) => current,
-        _ => 0,
+    let Slot::Window {
+        index,
+        current,
+        previous,
+    } = slot
+    else {
+        return 0;
+    };
+    let (current, previous) = match local_window_index(rule, now).checked_sub(index) {
+        Some(0) => (current, previous),
+        Some(1) => (0, current),
+        _ => (0, 0),
+    };
+    if rule.algorithm() == Algorithm::FixedWindow {
+        return current;
     }
+    let period = rule.period_micros();
+    let to_end = window_start(now, period, 0) + period - now;
+    let weighted = (u128::from(previous) * u128::from(to_end)).div_ceil(u128::from(period));
+    current.saturating_add(u64::try_from(weighted).unwrap_or(u64::MAX))
 }
 
 /// True when the slot holds nothing a fresh slot would not: it can be forgotten.

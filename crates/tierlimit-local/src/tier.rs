@@ -899,8 +899,9 @@ impl LocalTier {
     /// its key's warm seed, as if Redis had reported it: the whole rule's
     /// remaining that leaves each instance this one's share minus what it
     /// used. So the bucket's memory can go while the next outage still starts
-    /// the key where this one left it. (A sliding window's previous window
-    /// is not kept: its estimate starts from the current one's count.)
+    /// the key where this one left it. (A sliding window keeps its whole
+    /// estimate, the window before weighted as of now, as used in the
+    /// current window: a seed only ever overstates what was used.)
     /// False when the warm map is full: then the bucket must stay, or what
     /// it used would be lost.
     fn keep_as_seed(&self, key: &LocalKey, bucket: &Bucket, now: Now) -> bool {

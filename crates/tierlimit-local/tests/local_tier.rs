@@ -258,6 +258,47 @@ fn a_bucket_whose_seed_finds_no_room_is_kept_not_forgotten() {
     assert!(local.is_empty());
 }
 
+/// A sliding window's estimate weighs the window before the current one, and
+/// so do its seeds: a report taken late in one window, or a bucket pruned
+/// early in the next, still bounds the key in the next window. Seeds that
+/// kept only the current window's count let a key start a window from
+/// nothing right after spending a whole limit.
+#[test]
+fn a_sliding_window_seed_keeps_weighing_the_window_before() {
+    // A minute boundary.
+    let clock = FakeClock::new(1_699_999_980_000_000);
+    let local = LocalTier::new(LocalConfig::default(), Arc::new(clock.clone())).expect("valid");
+    let rule = Rule::per_minute(100)
+        .and_then(|r| r.with_algorithm(Algorithm::SlidingWindow))
+        .expect("valid");
+    let reported = RuleSet::new("r", [rule.clone()]).expect("valid");
+    let pruned = RuleSet::new("p", [rule]).expect("valid");
+    // 50 s into the minute Redis says nothing is left of one set's key, and
+    // an outage spends the other set's whole share.
+    clock.advance(Duration::from_secs(50));
+    local.remember("k", &reported, [(0, Duration::from_secs(70))].into_iter());
+    assert_eq!(admitted(&local, "k", &pruned, 1, 200), 100);
+    // 1 s into the next minute the outage goes on: 100 * 59/60 of the
+    // minute before still weigh, room for 1 more.
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(admitted(&local, "k", &pruned, 1, 200), 1);
+    // The bucket is pruned with no report on its key: its estimate (1 +
+    // ceil(98.3)) is its seed.
+    local.end_outage(Duration::ZERO);
+    local.prune();
+    assert!(local.is_empty());
+    // Outage 2, 2 s into the minute: the report weighs 100 * 58/60, room
+    // for 3; the pruned bucket's seed leaves nothing.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        (
+            admitted(&local, "k", &reported, 1, 200),
+            admitted(&local, "k", &pruned, 1, 200)
+        ),
+        (3, 0)
+    );
+}
+
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
 /// and a bucket was rebuilt whenever the stored set differed, so two sets with
 /// one name (or a rule's period edited during a rolling deploy) reset each
