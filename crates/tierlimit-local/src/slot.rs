@@ -169,11 +169,7 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             previous,
         } => {
             let index = local_window_index(rule, now);
-            let (current, previous) = match index.checked_sub(stored) {
-                Some(0) => (current, previous),
-                Some(1) => (0, current),
-                _ => (0, 0),
-            };
+            let (current, previous) = rolled(index, stored, current, previous);
             let start = window_start(now, period, local_window_offset(rule));
             let to_end = start + period - now;
             let next = |current| Slot::Window {
@@ -238,6 +234,17 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
     }
 }
 
+/// A window slot's counts (`current`, `previous`) kept for window `stored`,
+/// as they stand in window `index`: unchanged in the same window; in the
+/// next, the current count is the previous one; later, none.
+fn rolled(index: u64, stored: u64, current: u64, previous: u64) -> (u64, u64) {
+    match index.checked_sub(stored) {
+        Some(0) => (current, previous),
+        Some(1) => (0, current),
+        _ => (0, 0),
+    }
+}
+
 /// The units a window slot holds against a request at `now`: a fixed
 /// window's count in the window of `now`, a sliding window's estimate (the
 /// window before weighted by what of it the trailing period still covers,
@@ -251,11 +258,7 @@ pub(crate) fn in_window(rule: &Rule, slot: Slot, now: u64) -> u64 {
     else {
         return 0;
     };
-    let (current, previous) = match local_window_index(rule, now).checked_sub(index) {
-        Some(0) => (current, previous),
-        Some(1) => (0, current),
-        _ => (0, 0),
-    };
+    let (current, previous) = rolled(local_window_index(rule, now), index, current, previous);
     if rule.algorithm() == Algorithm::FixedWindow {
         return current;
     }
