@@ -53,7 +53,9 @@
 //! another instance count, goes on from the bucket until then, converted
 //! like a limit change (what this instance used, judged by its new share),
 //! and from the report after it. Pruned before any report, the bucket
-//! leaves what it used as the key's warm seed. So a second outage soon
+//! leaves what it used as the key's warm seed (a sliding window's whole
+//! estimate, the window before included), or stays while the warm map is
+//! full. So a second outage soon
 //! after the first does not hand a key a second share of the same window,
 //! and a key used through Redis between two outages does not meet the
 //! second with the first one's leftover.
