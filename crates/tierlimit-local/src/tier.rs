@@ -507,7 +507,8 @@ pub struct LocalTier {
     refused: AtomicU64,
     /// Which outage buckets belong to; see [`LocalTier::end_outage`].
     outage: AtomicU64,
-    /// Until when (clock µs) the ended outage's buckets still bound their keys.
+    /// Until when (clock µs) the ended outage's buckets still bound their
+    /// keys; 0 once that has passed (or before any outage ended).
     settle_until_us: AtomicU64,
     /// How many cached denials expire in each recent millisecond, as
     /// `ms << COUNT_BITS | count`, to tell a crowd from a lone key.
@@ -613,10 +614,22 @@ impl LocalTier {
     /// While the outage that just ended settles (see [`end_outage`](Self::end_outage)):
     /// charges `cost` to the key's bucket from that outage, if it has one, and
     /// answers its denial when that bucket has no room, so Redis is not asked
-    /// (the caller asks Redis when this is `None`). Free otherwise.
+    /// (the caller asks Redis when this is `None`). Free otherwise: once the
+    /// settling time has passed, it reads no clock until the next outage ends.
     pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+        let until = self.settle_until_us.load(Ordering::Relaxed);
+        if until == 0 {
+            return None;
+        }
         let unix_us = self.clock.unix_micros();
-        if unix_us >= self.settle_until_us.load(Ordering::Relaxed) {
+        if unix_us >= until {
+            // Settled. Not if another outage ended meanwhile: it set its own.
+            let _ = self.settle_until_us.compare_exchange(
+                until,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
             return None;
         }
         let now = Now {

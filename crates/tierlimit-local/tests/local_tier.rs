@@ -1,9 +1,10 @@
 //! The local tier's bounds, denial cache and warm start, with a fake clock.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tierlimit_core::{Algorithm, Decision, FakeClock, Rule, RuleSet, Tier};
+use tierlimit_core::{Algorithm, Clock, Decision, FakeClock, Rule, RuleSet, Tier};
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 
 fn tier(config: LocalConfig) -> (LocalTier, FakeClock) {
@@ -297,6 +298,56 @@ fn a_sliding_window_seed_keeps_weighing_the_window_before() {
         ),
         (3, 0)
     );
+}
+
+/// A clock that counts its wall-clock reads.
+#[derive(Debug, Default)]
+struct CountingClock {
+    inner: FakeClock,
+    wall_reads: AtomicU64,
+}
+
+impl Clock for CountingClock {
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+
+    fn unix_micros(&self) -> u64 {
+        self.wall_reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.unix_micros()
+    }
+}
+
+/// `settling` is on every healthy check's path: it bounds keys while the
+/// outage that just ended settles, then costs no clock read until the next
+/// outage ends.
+#[test]
+fn settling_reads_no_clock_once_settled() {
+    let clock = Arc::new(CountingClock::default());
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
+    let set = RuleSet::new("s", [Rule::per_hour(10).expect("valid")]).expect("valid");
+    let reads = || clock.wall_reads.load(Ordering::Relaxed);
+    // Before any outage: no read.
+    let before = reads();
+    assert!(local.settling("k", &set, 1).is_none());
+    assert_eq!(reads(), before);
+    // An outage spends the key's share; while it settles the bucket answers.
+    assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
+    local.end_outage(Duration::from_secs(5));
+    assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
+    // Settled: one read finds it so, the checks after it read nothing.
+    clock.inner.advance(Duration::from_secs(5));
+    assert!(local.settling("k", &set, 1).is_none());
+    let settled = reads();
+    for _ in 0..100 {
+        assert!(local.settling("k", &set, 1).is_none());
+    }
+    assert_eq!(reads(), settled);
+    // The next outage (the hour's share still spent) ends: it bounds the
+    // key again.
+    assert_eq!(admitted(&local, "k", &set, 1, 20), 0);
+    local.end_outage(Duration::from_secs(5));
+    assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
 }
 
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
