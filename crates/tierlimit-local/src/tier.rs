@@ -921,28 +921,46 @@ impl LocalTier {
         let Some(engine) = &bucket.engine else {
             return true;
         };
-        let rules = engine.set.rules();
-        let Some(mut w) = self.warm.entry_of(key.set(), key.key(), |_| Warm {
+        let states = engine.rules.iter().zip(bucket.rules.iter());
+        let seeds = engine.set.rules().iter().zip(states).map(|(rule, (e, r))| {
+            let share = Share::of(rule, engine.instances);
+            let left = share.capacity - in_use(e, rule, &r.state, now).min(share.capacity);
+            let remaining = left.saturating_mul(engine.instances).min(rule.capacity());
+            (remaining, rule.capacity(), rule.period_micros())
+        });
+        // Not a report after the bucket's outage: it supersedes no bucket.
+        self.store_seed(key.set(), key.key(), now.unix_us, bucket.outage, seeds)
+    }
+
+    /// Stores `escaped_key`'s warm seed as of `now_us`: per rule of `set`,
+    /// the remaining units, the capacity they count against, and how long
+    /// they matter (the seed lasts the longest). `outage` is the outage count
+    /// it was taken at (see [`superseded`](Self::superseded)). False when
+    /// the warm map is full.
+    fn store_seed(
+        &self,
+        set: &RuleSet,
+        escaped_key: &str,
+        now_us: u64,
+        outage: u64,
+        seeds: impl Iterator<Item = (u64, u64, u64)>,
+    ) -> bool {
+        let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
             seen_at_us: 0,
             expires_us: 0,
             outage: 0,
-            remaining: smallvec::smallvec![(0, 0); rules.len()],
+            remaining: smallvec::smallvec![(0, 0); set.rules().len()],
         }) else {
             return false;
         };
         let mut longest = 0u64;
-        let states = engine.rules.iter().zip(bucket.rules.iter());
-        for ((slot, rule), (e, r)) in w.remaining.iter_mut().zip(rules).zip(states) {
-            let share = Share::of(rule, engine.instances);
-            let left = share.capacity - in_use(e, rule, &r.state, now).min(share.capacity);
-            let remaining = left.saturating_mul(engine.instances).min(rule.capacity());
-            *slot = (remaining, rule.capacity());
-            longest = longest.max(rule.period_micros());
+        for (slot, (remaining, capacity, lasts_us)) in w.remaining.iter_mut().zip(seeds) {
+            *slot = (remaining, capacity);
+            longest = longest.max(lasts_us);
         }
-        w.seen_at_us = now.unix_us;
-        w.expires_us = now.unix_us.saturating_add(longest);
-        // Not a report after the bucket's outage: it supersedes no bucket.
-        w.outage = bucket.outage;
+        w.seen_at_us = now_us;
+        w.expires_us = now_us.saturating_add(longest);
+        w.outage = outage;
         true
     }
 
@@ -1103,23 +1121,17 @@ impl LocalTier {
         set: &RuleSet,
         rules: impl Iterator<Item = (u64, Duration)>,
     ) {
-        let now = self.clock.unix_micros();
-        let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
-            seen_at_us: 0,
-            expires_us: 0,
-            outage: 0,
-            remaining: smallvec::smallvec![(0, 0); set.rules().len()],
-        }) else {
-            return;
-        };
-        let mut longest = 0u64;
-        for ((slot, rule), (r, reset)) in w.remaining.iter_mut().zip(set.rules()).zip(rules) {
-            *slot = (r, rule.capacity());
-            longest = longest.max(u64::try_from(reset.as_micros()).unwrap_or(u64::MAX));
-        }
-        w.seen_at_us = now;
-        w.expires_us = now.saturating_add(longest);
-        w.outage = self.outage.load(Ordering::Relaxed);
+        let seeds = set.rules().iter().zip(rules).map(|(rule, (r, reset))| {
+            let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+            (r, rule.capacity(), reset_us)
+        });
+        self.store_seed(
+            set,
+            escaped_key,
+            self.clock.unix_micros(),
+            self.outage.load(Ordering::Relaxed),
+            seeds,
+        );
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
