@@ -94,13 +94,17 @@ end
 -- cost and nonce first, then its rule set's numbers, then each capacity.
 local function batch_one(k0, set, a0)
   local rules, args = set[1], set[2]
-  check_keys(k0, rules)
+  if rules > 1 then
+    check_keys(k0, rules)
+  end
   local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
   if args == nil then
     error(set[3])
   end
   for i = 1, rules do
-    check_capacity(cost, ARGV[a0 + 2], i, args[i][4])
+    if cost > args[i][4] then
+      refuse_capacity(ARGV[a0 + 2], i)
+    end
   end
   return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
 end

@@ -7,7 +7,7 @@
 -- this file holds the decision so both scripts make it the same way.
 --
 -- KEYS / ARGV: none of its own; it defines (besides the argument checks
--- check_keys, check_call_args, check_capacity and decide, which check_batch.lua
+-- check_keys, check_call_args, refuse_capacity and decide, which check_batch.lua
 -- calls one by one)
 --   check_one(k0, rules, a0)  decides the request whose storage keys are
 --                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
@@ -27,12 +27,16 @@
 -- Example: check_one(0, #KEYS, 0) is check.lua's whole decision (its six
 -- values made a table for a set of one rule).
 
+-- <alg>_check(key, now, cost, limit, period, capacity, offset) returns ok,
+-- remaining, reset_after_us, retry_after_us, reset_now_us and, when ok, its
+-- state: at most five values, which <alg>_commit takes as they came.
 local CHECKS = {
   gcra_check, token_bucket_check, sliding_log_check, sliding_window_check, fixed_window_check,
 }
--- <alg>_commit(key, now, cost, nonce, state, rule) writes what its check
--- found (`state`); `rule` is the rule's { code, limit, period, capacity,
--- offset }.
+-- <alg>_commit(key, now, cost, nonce, rule, <state>) writes what its check
+-- found; `rule` is the rule's { code, limit, period, capacity, offset }. The
+-- state travels as values, not in a table: no table to make and collect on
+-- every check.
 local COMMITS = {
   gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
 }
@@ -49,11 +53,9 @@ local function call_now(arg)
 end
 
 -- Refuses a request whose keys repeat one another (one key under two
--- algorithms could not be committed whole).
+-- algorithms could not be committed whole). Called for sets of two rules or
+-- more: one key cannot repeat itself.
 local function check_keys(k0, rules)
-  if rules == 1 then
-    return
-  end
   local seen = {}
   for i = 1, rules do
     local key = KEYS[k0 + i]
@@ -81,18 +83,19 @@ local function check_call_args(now_s, cost_s, nonce)
       COSTS_SEEN[cost_s], COSTS_SEEN_N = cost, COSTS_SEEN_N + 1
     end
   end
-  if type(nonce) ~= 'string' or #nonce == 0 or #nonce > 64 then
+  -- A string: the callers checked that every argument is there.
+  local len = #nonce
+  if len == 0 or len > 64 then
     refuse('check', 'the nonce must be 1 to 64 bytes')
   end
   return cost
 end
 
--- Refuses a cost above rule i's capacity: it could never be admitted.
-local function check_capacity(cost, cost_s, i, capacity)
-  if cost > capacity then
-    refuse('check', 'cost ' .. cost_s .. ' is above the capacity of rule ' .. i
-      .. ': it could never be admitted')
-  end
+-- Refuses a cost above rule i's capacity: it could never be admitted. The
+-- callers compare; this only says so.
+local function refuse_capacity(cost_s, i)
+  refuse('check', 'cost ' .. cost_s .. ' is above the capacity of rule ' .. i
+    .. ': it could never be admitted')
 end
 
 -- The reply of a read that failed: WRONGTYPE names the key (nothing was
@@ -112,13 +115,13 @@ end
 local function decide_one(k0, a, now, cost, nonce)
   local code = a[1]
   local key = KEYS[k0 + 1]
-  local read, ok, remaining, reset, retry, state = pcall(CHECKS[code], key, now, cost, a[2], a[3],
-    a[4], a[5])
+  local read, ok, remaining, reset, retry, _, s1, s2, s3, s4, s5 = pcall(CHECKS[code], key, now,
+    cost, a[2], a[3], a[4], a[5])
   if not read then
     return read_failed(k0, 1, code, ok)
   end
   if ok then
-    COMMITS[code](key, now, cost, nonce, state, a)
+    COMMITS[code](key, now, cost, nonce, a, s1, s2, s3, s4, s5)
     return 1, 0, 0, now, remaining, reset
   end
   return 0, 0, retry, now, remaining, reset
@@ -138,12 +141,12 @@ local function decide(k0, rules, args, now, cost, nonce)
     local key = KEYS[k0 + i]
     -- A key holding another type fails its read here, before any commit, so
     -- nothing is written; the reply says which key.
-    local read, ok, remaining, reset, retry, state, reset_now = pcall(CHECKS[code], key, now,
-      cost, a[2], a[3], a[4], a[5])
+    local read, ok, remaining, reset, retry, reset_now, s1, s2, s3, s4, s5 = pcall(CHECKS[code],
+      key, now, cost, a[2], a[3], a[4], a[5])
     if not read then
       return read_failed(k0, i, code, ok)
     end
-    outcome[i] = { ok, remaining, reset, retry, state, reset_now, code }
+    outcome[i] = { ok, remaining, reset, retry, reset_now, code, s1, s2, s3, s4, s5 }
     allowed = allowed and ok
   end
 
@@ -153,7 +156,7 @@ local function decide(k0, rules, args, now, cost, nonce)
     local fewest = nil
     for i = 1, rules do
       local o = outcome[i]
-      COMMITS[o[7]](KEYS[k0 + i], now, cost, nonce, o[5], args[i])
+      COMMITS[o[6]](KEYS[k0 + i], now, cost, nonce, args[i], o[7], o[8], o[9], o[10], o[11])
       if fewest == nil or o[2] < fewest then
         fewest = o[2]
         reply[2] = i - 1
@@ -168,7 +171,7 @@ local function decide(k0, rules, args, now, cost, nonce)
       if o[1] then
         -- Passed, but nothing is committed: report it as it stands.
         reply[3 + 2 * i] = o[2] + cost
-        reply[4 + 2 * i] = o[6]
+        reply[4 + 2 * i] = o[5]
       else
         if longest == nil or o[4] > longest then
           longest = o[4]
@@ -185,18 +188,24 @@ end
 
 local function check_one(k0, rules, a0)
   -- Every argument is read and checked before the first redis.call.
-  check_keys(k0, rules)
+  if rules > 1 then
+    check_keys(k0, rules)
+  end
   local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
   if rules == 1 then
     -- No table of one rule's arguments (most sets have one rule).
     local rule = rule_args('check', a0 + 3)
-    check_capacity(cost, ARGV[a0 + 2], 1, rule[4])
+    if cost > rule[4] then
+      refuse_capacity(ARGV[a0 + 2], 1)
+    end
     return decide_one(k0, rule, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
   end
   local args = {}
   for i = 1, rules do
     local rule = rule_args('check', a0 + 3 + 5 * (i - 1))
-    check_capacity(cost, ARGV[a0 + 2], i, rule[4])
+    if cost > rule[4] then
+      refuse_capacity(ARGV[a0 + 2], i)
+    end
     args[i] = rule
   end
   return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])

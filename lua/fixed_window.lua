@@ -7,8 +7,9 @@
 -- ARGV: the rule's arguments from check.lua: limit, period_us, utc_offset_us
 --       (capacity is the limit).
 -- Reply: fixed_window_check returns ok, remaining, reset_after_us,
---        retry_after_us, state (what fixed_window_commit writes), reset_now_us
---        (reset_after as things stand, before this request).
+--        retry_after_us, reset_now_us (reset_after as things stand, before
+--        this request), then when ok the state fixed_window_commit writes:
+--        w, c, ttl_us and kept (window_load's).
 --
 -- State: a hash {w, c}: w = floor((now + utc_offset) / period), the index of
 -- the window in local time, and c = units admitted in it; a different w means
@@ -18,7 +19,7 @@
 --
 -- Example: on an empty key 15 s into a natural hour (offset 0),
 -- fixed_window_check(key, now, 1, 10, 3600000000, 10, 0) returns true, 9,
--- 3585000000, 0, {w, 1, 3585000000, false}, 0: 9 left until the hour ends
+-- 3585000000, 0, 0, w, 1, 3585000000, false: 9 left until the hour ends
 -- (false: the key held no window yet, so the commit sets its TTL).
 
 local function fixed_window_check(key, now, cost, limit, period, capacity, offset)
@@ -29,11 +30,11 @@ local function fixed_window_check(key, now, cost, limit, period, capacity, offse
     reset_now = left
   end
   if c + cost <= limit then
-    return true, limit - c - cost, left, 0, { w, c + cost, left, kept }, reset_now
+    return true, limit - c - cost, left, 0, reset_now, w, c + cost, left, kept
   end
-  return false, max(0, limit - c), left, left, nil, left
+  return false, max(0, limit - c), left, left, left
 end
 
-local function fixed_window_commit(key, now, cost, nonce, state)
-  window_store(key, state[1], state[2], nil, state[3], state[4])
+local function fixed_window_commit(key, now, cost, nonce, rule, w, c, ttl, kept)
+  window_store(key, w, c, nil, ttl, kept)
 end

@@ -6,9 +6,9 @@
 -- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
 --       (the burst); no UTC offset.
 -- Reply: gcra_check returns ok, remaining, reset_after_us, retry_after_us,
---        state (the new TAT - now, which gcra_commit writes under the rule's
---        limit), reset_now_us (reset_after as things stand, before this
---        request).
+--        reset_now_us (reset_after as things stand, before this request),
+--        then when ok the state: the new TAT - now, which gcra_commit writes
+--        under the rule's limit.
 --
 -- State: one string value, "<TAT>@<limit>": the theoretical arrival time
 -- (TAT) in microseconds since the Unix epoch, and the limit it was written
@@ -42,7 +42,7 @@
 -- microsecond, and then it moves by that one microsecond at most.
 --
 -- Example: on an empty key, gcra_check(key, now, 1, 10, 60000000, 10) (10 per
--- minute, cost 1) returns true, 9, 6000000, 0, 6000000, 0: admitted, 9
+-- minute, cost 1) returns true, 9, 6000000, 0, 0, 6000000: admitted, 9
 -- left, full again in 6 s.
 
 local GCRA_SLACK_US = 1e-3
@@ -125,7 +125,7 @@ local function gcra_check(key, now, cost, limit, period, capacity)
   end
   if new_rel <= tau + GCRA_SLACK_US then
     local remaining = floor((tau - new_rel + GCRA_SLACK_US) / t)
-    return true, remaining, ceil(new_rel - GCRA_SLACK_US), 0, new_rel, reset_now
+    return true, remaining, ceil(new_rel - GCRA_SLACK_US), 0, reset_now, new_rel
   end
   local remaining = floor((tau - rel + GCRA_SLACK_US) / t)
   if remaining < 0 then
@@ -135,9 +135,9 @@ local function gcra_check(key, now, cost, limit, period, capacity)
   if retry < 1 then
     retry = 1
   end
-  return false, remaining, reset_now, retry, nil, reset_now
+  return false, remaining, reset_now, retry, reset_now
 end
 
-local function gcra_commit(key, now, cost, nonce, state, rule)
-  gcra_store(key, now, state, rule[2])
+local function gcra_commit(key, now, cost, nonce, rule, rel)
+  gcra_store(key, now, rel, rule[2])
 end

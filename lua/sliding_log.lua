@@ -7,8 +7,9 @@
 --       limit; no UTC offset). The call's nonce (ARGV[3] of check.lua) makes
 --       members unique.
 -- Reply: sliding_log_check returns ok, remaining, reset_after_us,
---        retry_after_us, state (what sliding_log_commit needs), reset_now_us
---        (reset_after as things stand, before this request).
+--        retry_after_us, reset_now_us (reset_after as things stand, before
+--        this request), then when ok the state sliding_log_commit needs:
+--        period_us and keep_until_us.
 --
 -- State: a sorted set with one member per admitted unit, scored by its time
 -- in µs since the Unix epoch; a unit counts while now < score + period. Exact
@@ -25,7 +26,7 @@
 -- crates/tierlimit-redis/tests/script_work.rs).
 --
 -- Example: on an empty key, sliding_log_check(key, now, 1, 10, 60000000)
--- returns true, 9, 60000000, 0, {60000000, now}, 0: admitted, 9 left, the unit
+-- returns true, 9, 60000000, 0, 0, 60000000, now: admitted, 9 left, the unit
 -- leaves the log in 60 s.
 
 -- Members per ZADD, far below Lua's limit on unpack()ed arguments.
@@ -54,18 +55,17 @@ local function sliding_log_check(key, now, cost, limit, period)
       -- A member from a client clock ahead of ours: keep the key for it.
       keep_until = newest
     end
-    return true, limit - count - cost, keep_until + period - now, 0,
-      { period, keep_until }, reset_now
+    return true, limit - count - cost, keep_until + period - now, 0, reset_now,
+      period, keep_until
   end
   -- Denied: the (count + cost - limit) oldest units must leave first.
   local entry = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES',
     'LIMIT', format('%d', count + cost - limit - 1), 1)
   local retry = max(1, tonumber(entry[2]) + period - now)
-  return false, max(0, limit - count), reset_now, retry, nil, reset_now
+  return false, max(0, limit - count), reset_now, retry, reset_now
 end
 
-local function sliding_log_commit(key, now, cost, nonce, state)
-  local period, keep_until = state[1], state[2]
+local function sliding_log_commit(key, now, cost, nonce, rule, period, keep_until)
   local score = format('%d', now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - period))
   local prefix = score .. ':' .. nonce .. ':'

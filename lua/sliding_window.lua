@@ -6,8 +6,9 @@
 -- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the
 --       limit; no UTC offset).
 -- Reply: sliding_window_check returns ok, remaining, reset_after_us,
---        retry_after_us, state (what sliding_window_commit writes),
---        reset_now_us (reset_after as things stand, before this request).
+--        retry_after_us, reset_now_us (reset_after as things stand, before
+--        this request), then when ok the state sliding_window_commit
+--        writes: w, c, p, ttl_us and kept (window_load's).
 --
 -- State: a hash {w, c, p}: w = floor(now / period), the index of the current
 -- fixed window; c = units admitted in it; p = units admitted in window w - 1.
@@ -32,7 +33,7 @@
 --
 -- Example: on an empty key 15 s into a minute window,
 -- sliding_window_check(key, now, 1, 10, 60000000) returns true, 9, 105000000, 0,
--- {w, 1, 0, 105000000, false}, 0 (false: the key held no window yet).
+-- 0, w, 1, 0, 105000000, false (false: the key held no window yet).
 
 local SW_SLACK = 1e-9
 
@@ -52,7 +53,7 @@ local function sliding_window_check(key, now, cost, limit, period)
   end
   if estimate + cost <= limit + SW_SLACK then
     local remaining = max(0, floor(limit - estimate - cost + SW_SLACK))
-    return true, remaining, left + period, 0, { w, c + cost, p, left + period, kept }, reset_now
+    return true, remaining, left + period, 0, reset_now, w, c + cost, p, left + period, kept
   end
   local room = limit - cost
   local retry
@@ -64,14 +65,13 @@ local function sliding_window_check(key, now, cost, limit, period)
     retry = left + max(0, ceil(period - room * period / c))
   end
   local remaining = max(0, floor(limit - estimate + SW_SLACK))
-  return false, remaining, reset_now, max(1, retry), nil, reset_now
+  return false, remaining, reset_now, max(1, retry), reset_now
 end
 
-local function sliding_window_commit(key, now, cost, nonce, state)
+local function sliding_window_commit(key, now, cost, nonce, rule, w, c, p, ttl, kept)
   -- A window already begun here keeps its p: only c changes.
-  local p = state[3]
-  if state[5] then
+  if kept then
     p = nil
   end
-  window_store(key, state[1], state[2], p, state[4], state[5])
+  window_store(key, w, c, p, ttl, kept)
 end

@@ -6,8 +6,9 @@
 -- ARGV: the rule's arguments from check.lua: limit, period_us, capacity
 --       (the burst); no UTC offset.
 -- Reply: token_bucket_check returns ok, remaining, reset_after_us,
---        retry_after_us, state (what token_bucket_commit writes), reset_now_us
---        (reset_after as things stand, before this request).
+--        retry_after_us, reset_now_us (reset_after as things stand, before
+--        this request), then when ok the state token_bucket_commit writes:
+--        used, ts and ttl_us.
 --
 -- State: a hash {used, ts}: the units taken and not yet refilled at time ts
 -- (µs since the Unix epoch); the tokens left are capacity - used. A missing
@@ -68,12 +69,12 @@ local function token_bucket_check(key, now, cost, limit, period, capacity)
     -- ts > now only when a client clock lags the last writer's: refill starts at ts.
     local reset = (ts - now) + ceil(after * period / limit - TB_SLACK)
     local remaining = max(0, floor(tokens - cost + TB_SLACK))
-    return true, remaining, reset, 0, { after, ts, reset }, reset_now
+    return true, remaining, reset, 0, reset_now, after, ts, reset
   end
   local retry = max(1, ceil((cost - tokens - TB_SLACK) * period / limit))
-  return false, max(0, floor(tokens + TB_SLACK)), reset_now, retry, nil, reset_now
+  return false, max(0, floor(tokens + TB_SLACK)), reset_now, retry, reset_now
 end
 
-local function token_bucket_commit(key, now, cost, nonce, state)
-  token_bucket_store(key, state[1], state[2], state[3])
+local function token_bucket_commit(key, now, cost, nonce, rule, used, ts, ttl)
+  token_bucket_store(key, used, ts, ttl)
 end
