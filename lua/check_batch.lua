@@ -14,11 +14,18 @@
 -- ARGV[2]  g, the number of distinct rule sets among them (1 to n): each
 --          rule set's numbers are sent and checked once per call, not once
 --          per request.
+-- ARGV[3]  nonce, the call's (check.lua's ARGV[3]); request j's sliding-log
+--          members carry "<nonce>.<j>", unique within the call too.
 -- then per rule set s: its number of rules r_s (1 to 1000) and five
 --          arguments per rule (code, limit, period_us, capacity,
 --          utc_offset_us), as check.lua takes them;
--- then per request j: its rule set s_j (1 to g), now_us ("0" for the
---          server's TIME), cost, nonce (check.lua's ARGV[1..3]).
+-- then per request j: its rule set s_j (1 to g; only when g > 1: with one
+--          rule set every request is under it), now_us ("0" for the
+--          server's TIME) and cost (check.lua's ARGV[1..2]).
+--
+-- Each argument costs the server about as much as a few lines of Lua (Redis
+-- parses it, makes an object of it and a Lua string), so a request carries
+-- no more than it must: two arguments with one rule set, three with more.
 --
 -- Reply: one flat array holding the n replies in order: request j's
 -- check.lua reply, its 4 + 2 r_j integers in a row, or in their place the one
@@ -36,8 +43,8 @@
 -- "ERR tierlimit check batch: ...".
 --
 -- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
---   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1
---     1 1 10 60000000 10 0   1 0 1 7   1 0 1 8
+--   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1 7
+--     1 1 10 60000000 10 0   0 1   0 1
 --   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
 --      7) 1  8) 0  9) 0 10) <now_us> 11) 9 12) 6000000
 
@@ -45,11 +52,15 @@ if floor == nil then bind_std() end
 
 local n = int_arg('check batch', 'the number of requests', ARGV[1], 1, 1000)
 local g = int_arg('check batch', 'the number of rule sets', ARGV[2], 1, n)
+local nonce = ARGV[3]
+check_nonce('check batch', nonce)
 
--- Rule set s: { rules, args } once its numbers passed check.lua's checks,
--- { rules, nil, error } when they did not (each of its requests answers it).
+-- Rule set s: { rules, args, nil, logs } once its numbers passed check.lua's
+-- checks, logs being whether a rule is a sliding log (which needs a nonce of
+-- its own per request); { rules, nil, error } when they did not (each of its
+-- requests answers it).
 local sets = {}
-local a = 2
+local a = 3
 for s = 1, g do
   local rules = int_arg('check batch', 'the rules of rule set ' .. s, ARGV[a + 1], 1, 1000)
   local ok, args = pcall(function()
@@ -60,44 +71,52 @@ for s = 1, g do
     return list
   end)
   if ok then
-    sets[s] = { rules, args }
+    local logs = false
+    for i = 1, rules do
+      logs = logs or args[i][1] == 3
+    end
+    sets[s] = { rules, args, nil, logs }
   else
     sets[s] = { rules, nil, args }
   end
   a = a + 1 + 5 * rules
 end
 
--- Each request names its rule set by one of the texts '1' .. g: looked up
--- here, so only a request that names none pays for int_arg's checks.
+-- Each request names its rule set (when g > 1) by one of the texts '1' ..
+-- g: looked up here, so only a request that names none pays for int_arg's
+-- checks.
 local set_of = {}
 for s = 1, g do
   set_of[tostring(s)] = s
 end
--- Request j's keys start after KEYS[k_at[j]], its arguments after
--- ARGV[a_at[j]], and its rule set is s_at[j]: three arrays, not a table per
--- request.
+-- Request j's keys start after KEYS[k_at[j]], its now and cost are
+-- ARGV[a_at[j] + 1 ..], and its rule set is s_at[j]: three arrays, not a
+-- table per request.
 local k_at, s_at, a_at = {}, {}, {}
 local k = 0
 for j = 1, n do
-  local s = set_of[ARGV[a + 1]]
-    or int_arg('check batch', 'the rule set of request ' .. j, ARGV[a + 1], 1, g)
-  k_at[j], s_at[j], a_at[j] = k, s, a + 1
+  local s = 1
+  if g > 1 then
+    a = a + 1
+    s = set_of[ARGV[a]] or int_arg('check batch', 'the rule set of request ' .. j, ARGV[a], 1, g)
+  end
+  k_at[j], s_at[j], a_at[j] = k, s, a
   k = k + sets[s][1]
-  a = a + 4
+  a = a + 2
 end
 if k ~= #KEYS or a ~= #ARGV then
   return redis.error_reply('ERR tierlimit check batch: ' .. n .. ' requests name ' .. k
     .. ' keys and ' .. a .. ' arguments, but the call has ' .. #KEYS .. ' and ' .. #ARGV)
 end
 
--- Request j, checked and decided as check.lua would alone: its keys, now,
--- cost and nonce first, then its rule set's numbers, then each capacity.
-local function batch_one(k0, set, a0)
+-- Request j, checked and decided as check.lua would alone: its keys, now
+-- and cost first, then its rule set's numbers, then each capacity.
+local function batch_one(k0, set, a0, j)
   local rules, args = set[1], set[2]
   if rules > 1 then
     check_keys(k0, rules)
   end
-  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
+  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2])
   if args == nil then
     error(set[3])
   end
@@ -106,13 +125,17 @@ local function batch_one(k0, set, a0)
       refuse_capacity(ARGV[a0 + 2], i)
     end
   end
-  return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+  local request_nonce = nonce
+  if set[4] then
+    request_nonce = nonce .. '.' .. j
+  end
+  return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, request_nonce)
 end
 
 local replies, o = {}, 0
 for j = 1, n do
   local ok, reply, rule, retry, now, remaining, reset = pcall(batch_one, k_at[j],
-    sets[s_at[j]], a_at[j])
+    sets[s_at[j]], a_at[j], j)
   if ok and rule ~= nil then
     -- One rule's six values (decide.lua's decide_one).
     replies[o + 1], replies[o + 2], replies[o + 3] = reply, rule, retry

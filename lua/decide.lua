@@ -7,8 +7,8 @@
 -- this file holds the decision so both scripts make it the same way.
 --
 -- KEYS / ARGV: none of its own; it defines (besides the argument checks
--- check_keys, check_call_args, refuse_capacity and decide, which check_batch.lua
--- calls one by one)
+-- check_keys, check_call_args, check_nonce, refuse_capacity and decide, which
+-- check_batch.lua calls one by one)
 --   check_one(k0, rules, a0)  decides the request whose storage keys are
 --                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
 --                             are ARGV[a0 + 1 ..]: now, cost, nonce, then five
@@ -66,8 +66,8 @@ local function check_keys(k0, rules)
   end
 end
 
--- Checks a request's now, cost and nonce; returns the cost.
-local function check_call_args(now_s, cost_s, nonce)
+-- Checks a request's now and cost; returns the cost.
+local function check_call_args(now_s, cost_s)
   -- "0" (the server's TIME) is by far the most common now.
   if now_s ~= '0' then
     int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
@@ -83,12 +83,15 @@ local function check_call_args(now_s, cost_s, nonce)
       COSTS_SEEN[cost_s], COSTS_SEEN_N = cost, COSTS_SEEN_N + 1
     end
   end
-  -- A string: the callers checked that every argument is there.
-  local len = #nonce
-  if len == 0 or len > 64 then
-    refuse('check', 'the nonce must be 1 to 64 bytes')
-  end
   return cost
+end
+
+-- Checks a call's nonce (one per call: a batch's requests share it); an
+-- argument is a string or, past the last one, nil.
+local function check_nonce(script, nonce)
+  if not nonce or #nonce == 0 or #nonce > 64 then
+    refuse(script, 'the nonce must be 1 to 64 bytes')
+  end
 end
 
 -- Refuses a cost above rule i's capacity: it could never be admitted. The
@@ -191,7 +194,8 @@ local function check_one(k0, rules, a0)
   if rules > 1 then
     check_keys(k0, rules)
   end
-  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2], ARGV[a0 + 3])
+  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2])
+  check_nonce('check', ARGV[a0 + 3])
   if rules == 1 then
     -- No table of one rule's arguments (most sets have one rule).
     local rule = rule_args('check', a0 + 3)

@@ -4,8 +4,9 @@
 --
 -- KEYS: the rule's storage key (KEYS[i] of check.lua).
 -- ARGV: the rule's arguments from check.lua: limit, period_us (capacity is the
---       limit; no UTC offset). The call's nonce (ARGV[3] of check.lua) makes
---       members unique.
+--       limit; no UTC offset). The request's nonce makes members unique:
+--       the call's (ARGV[3] of check.lua), or in a batch the call's and the
+--       request's number, "<nonce>.<j>" (check_batch.lua).
 -- Reply: sliding_log_check returns ok, remaining, reset_after_us,
 --        retry_after_us, reset_now_us (reset_after as things stand, before
 --        this request), then when ok the state sliding_log_commit needs:

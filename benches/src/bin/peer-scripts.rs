@@ -520,18 +520,23 @@ fn library_function(prefix: &str) -> String {
     name
 }
 
-/// `FCALL <batch function> 16 <16 storage keys> 16 1 <the set's rules> then
-/// per check 1 0 1 <nonce>`: what the tier sends for a batch of `BATCH`
-/// checks of one rule set at server time, cost 1 (see lua/check_batch.lua).
+/// `FCALL <batch function> 16 <16 storage keys> 16 1 42 <the set's rules>
+/// then per check 0 1`: what the tier sends for a batch of `BATCH` checks of
+/// one rule set at server time, cost 1 (see lua/check_batch.lua).
 /// Every key holds `__rand_int__`, which redis-benchmark draws anew for each
 /// occurrence: `BATCH` random users.
 fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
     let mut args = vec!["FCALL".to_string(), function.to_string(), BATCH.to_string()];
     args.extend((0..BATCH).map(|_| set.storage_key(key, 0)));
-    args.extend([BATCH.to_string(), "1".into(), set.rules().len().to_string()]);
+    args.extend([
+        BATCH.to_string(),
+        "1".into(),
+        "42".into(),
+        set.rules().len().to_string(),
+    ]);
     args.extend(set.script_args(0).iter().map(|s| s.to_string()));
-    for j in 0..BATCH {
-        args.extend(["1".into(), "0".into(), "1".into(), j.to_string()]);
+    for _ in 0..BATCH {
+        args.extend(["0".into(), "1".into()]);
     }
     args
 }

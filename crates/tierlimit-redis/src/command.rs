@@ -19,6 +19,10 @@ use crate::script::Head;
 /// numbers: now, cost, nonce.
 const CALL_ARGS: usize = 3;
 
+/// Arguments the batch script takes per check besides its keys and, when the
+/// batch holds several rule sets, the check's set: now, cost.
+const BATCH_CHECK_ARGS: usize = 2;
+
 /// The most bytes a `u64` takes in decimal.
 const U64_DIGITS: usize = 20;
 
@@ -61,10 +65,11 @@ pub(crate) fn check(
     cmd
 }
 
-/// `<head> <numkeys> KEYS... n g (rules (code limit period capacity offset)...)... (set now cost nonce)...`
+/// `<head> <numkeys> KEYS... n g nonce (rules (code limit period capacity offset)...)... ([set] now cost)...`
 /// of the batch script (or function: `head`) for `batch`, in order (see
 /// `lua/check_batch.lua`): each distinct rule set's numbers once, each check
-/// naming its set.
+/// naming its set when there are several, one nonce for the call (the first
+/// check's).
 pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
     // Sets are told apart by their numbers (what the script reads), so two
     // sets of equal rules share one entry. Few sets per batch: a linear scan.
@@ -100,13 +105,11 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
         })
         .sum();
     let set_args: usize = sets.iter().map(|s| 1 + 5 * s.rules().len()).sum();
+    let named = sets.len() > 1;
+    let per_check = BATCH_CHECK_ARGS + usize::from(named);
     let mut cmd = Cmd::with_capacity(
-        5 + keys + set_args + batch.len() * (1 + CALL_ARGS),
-        head.len()
-            + 3 * U64_DIGITS
-            + keys_len
-            + sets_len
-            + batch.len() * U64_DIGITS * (1 + CALL_ARGS),
+        6 + keys + set_args + batch.len() * per_check,
+        head.len() + 4 * U64_DIGITS + keys_len + sets_len + batch.len() * U64_DIGITS * per_check,
     );
     head.write(&mut cmd);
     cmd.arg(keys);
@@ -115,7 +118,8 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
             cmd.write_arg_fmt(StorageKey::new(&q.set, &q.escaped, i));
         }
     }
-    cmd.arg(batch.len()).arg(sets.len());
+    let nonce = batch.first().map_or(0, |q| q.nonce);
+    cmd.arg(batch.len()).arg(sets.len()).arg(nonce);
     for s in &sets {
         cmd.arg(s.rules().len());
         for i in 0..s.rules().len() {
@@ -125,7 +129,10 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
         }
     }
     for (q, set) in batch.iter().zip(set_of) {
-        cmd.arg(set + 1).arg(q.now).arg(q.cost).arg(q.nonce);
+        if named {
+            cmd.arg(set + 1);
+        }
+        cmd.arg(q.now).arg(q.cost);
     }
     cmd
 }

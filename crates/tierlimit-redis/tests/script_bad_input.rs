@@ -59,6 +59,14 @@ impl Way {
 
 /// The name of the loaded library's check function (`FUNCTION LIST`).
 async fn check_function(server: &RedisServer) -> String {
+    library_function(server, |n| {
+        n.starts_with("tierlimit_check_") && !n.starts_with("tierlimit_check_batch_")
+    })
+    .await
+}
+
+/// The name of the loaded library's function `wanted` picks.
+async fn library_function(server: &RedisServer, wanted: impl Fn(&str) -> bool) -> String {
     let list: redis::Value = redis::cmd("FUNCTION")
         .arg("LIST")
         .query_async(&mut server.conn().await)
@@ -79,8 +87,8 @@ async fn check_function(server: &RedisServer) -> String {
     let mut all = Vec::new();
     names(&list, &mut all);
     all.into_iter()
-        .find(|n| n.starts_with("tierlimit_check_") && !n.starts_with("tierlimit_check_batch_"))
-        .expect("the library's check function is loaded")
+        .find(|n| wanted(n))
+        .expect("the library's function is loaded")
 }
 
 async fn run_check_as(
@@ -263,6 +271,95 @@ async fn bad_numbers_are_refused(
         before,
         "{way:?}: arguments run together wrote"
     );
+}
+
+/// The batch function called by hand: arguments that do not add up, or a
+/// nonce missing or empty, refuse the whole call before anything is read or
+/// written; a good call decides each request (six integers each).
+#[tokio::test]
+async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    Way::both(&server).await;
+    let batch = library_function(&server, |n| n.starts_with("tierlimit_check_batch_")).await;
+    let gcra = ["1", "1", "10", "60000000", "10", "0"]; // one rule: GCRA 10 per minute
+    let log = ["1", "3", "10", "60000000", "10", "0"]; // one rule: sliding log 10 per minute
+    let call = |keys: &[&str], args: Vec<&str>| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&batch).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    };
+    let two = ["tl:{a}:api:g60000000", "tl:{b}:api:l60000000"];
+    // n, g, nonce; one set, so each request is now and cost.
+    let good = [&["2", "1", "42"][..], &gcra, &["0", "1", "0", "1"]].concat();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        // A request naming its set with one set in the call: one argument too many each.
+        (
+            [
+                &["2", "1", "42"][..],
+                &gcra,
+                &["1", "0", "1", "1", "0", "1"],
+            ]
+            .concat(),
+            "arguments",
+        ),
+        // A request short of its cost.
+        (
+            [&["2", "1", "42"][..], &gcra, &["0", "1", "0"]].concat(),
+            "arguments",
+        ),
+        // The nonce empty, or missing (the call ends before it).
+        (
+            [&["2", "1", ""][..], &gcra, &["0", "1", "0", "1"]].concat(),
+            "nonce",
+        ),
+        (vec!["2", "1"], "nonce"),
+        // Two sets: every request names one of them, 1 or 2.
+        (
+            [
+                &["2", "2", "42"][..],
+                &gcra,
+                &log,
+                &["1", "0", "1", "3", "0", "1"],
+            ]
+            .concat(),
+            "rule set of request 2",
+        ),
+    ];
+    for (args, expect) in cases {
+        let before = snapshot(&mut conn).await;
+        let err = call(&two, args.clone())
+            .query_async::<redis::Value>(&mut conn)
+            .await
+            .expect_err(&format!("{args:?} must be refused"));
+        assert!(
+            err.to_string().contains("tierlimit check batch") && err.to_string().contains(expect),
+            "{args:?}: {err}"
+        );
+        assert_eq!(snapshot(&mut conn).await, before, "{args:?} wrote");
+    }
+    // Well formed, with one set and with two: each request decided.
+    let one_set = ["tl:{a}:api:g60000000", "tl:{c}:api:g60000000"];
+    for (keys, args) in [
+        (&one_set, good),
+        (
+            &two,
+            [
+                &["2", "2", "42"][..],
+                &gcra,
+                &log,
+                &["1", "0", "1", "2", "0", "1"],
+            ]
+            .concat(),
+        ),
+    ] {
+        let reply: Vec<i64> = call(keys, args.clone())
+            .query_async(&mut conn)
+            .await
+            .expect("a good batch");
+        assert_eq!(reply.len(), 12, "{args:?}: {reply:?}");
+        assert_eq!((reply[0], reply[6]), (1, 1), "{args:?}: {reply:?}");
+    }
 }
 
 #[tokio::test]
