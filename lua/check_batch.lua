@@ -27,10 +27,21 @@
 -- parses it, makes an object of it and a Lua string), so a request carries
 -- no more than it must: two arguments with one rule set, three with more.
 --
--- Reply: one flat array holding the n replies in order: request j's
--- check.lua reply, its 4 + 2 r_j integers in a row, or in their place the one
--- error reply check.lua would have answered for it alone (bad input, a key of
--- another type, a failed write). A request's error does not stop the others.
+-- Reply: one flat array: the call's server time in µs (TIME, read at most
+-- once per call; 0 when no request asked for it), then the n replies in
+-- order, each what check.lua would have answered alone less what the caller
+-- knows already, in a row:
+--   one rule:   retry_after_us (0: admitted), remaining, reset_after_us;
+--   r rules:    retry_after_us (0: admitted), deciding rule (0-based), then
+--               per rule i: remaining_i, reset_after_us_i;
+-- or in their place the one error reply check.lua would have answered (bad
+-- input, a key of another type, a failed write). A request's error does not
+-- stop the others. A denial's retry-after is never 0, so it alone tells an
+-- admission; a request decided at the server's time was decided at the
+-- call's, and one that sent its now was decided at it. Every integer of a
+-- reply costs Redis as much as an argument (measured: 16 requests of one
+-- rule, 3 integers each instead of 6, saved about 3,000 of 46,000
+-- instructions per request).
 -- One array, not one per request: Redis turns each table of a reply into
 -- RESP by first asking it for its special fields (err, ok, double, ...) and
 -- then writing its length after its items (luaReplyToRedisReply in Redis'
@@ -45,8 +56,7 @@
 -- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
 --   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1 7
 --     1 1 10 60000000 10 0   0 1   0 1
---   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
---      7) 1  8) 0  9) 0 10) <now_us> 11) 9 12) 6000000
+--   -> 1) <now_us>  2) 0  3) 9  4) 6000000  5) 0  6) 9  7) 6000000
 
 if floor == nil then bind_std() end
 
@@ -132,21 +142,22 @@ local function batch_one(k0, set, a0, j)
   return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, request_nonce)
 end
 
-local replies, o = {}, 0
+-- replies[1], the call's server time, is known once every request is decided.
+local replies, o = { 0 }, 1
 for j = 1, n do
   local ok, reply, rule, retry, now, remaining, reset = pcall(batch_one, k_at[j],
     sets[s_at[j]], a_at[j], j)
   if ok and rule ~= nil then
-    -- One rule's six values (decide.lua's decide_one).
-    replies[o + 1], replies[o + 2], replies[o + 3] = reply, rule, retry
-    replies[o + 4], replies[o + 5], replies[o + 6] = now, remaining, reset
-    o = o + 6
+    -- One rule's six values (decide.lua's decide_one): three of them.
+    replies[o + 1], replies[o + 2], replies[o + 3] = retry, remaining, reset
+    o = o + 3
   elseif ok and reply.err == nil then
-    -- Several rules' table.
-    for i = 1, #reply do
-      replies[o + i] = reply[i]
+    -- Several rules' table: all of it but allowed and now.
+    replies[o + 1], replies[o + 2] = reply[3], reply[2]
+    for i = 5, #reply do
+      replies[o + i - 2] = reply[i]
     end
-    o = o + #reply
+    o = o + #reply - 2
   else
     if ok or (type(reply) == 'table' and reply.err) then
       -- An error reply as it came (a key of another type, say).
@@ -161,4 +172,5 @@ for j = 1, n do
     replies[o] = reply
   end
 end
+replies[1] = server_now or 0
 return replies

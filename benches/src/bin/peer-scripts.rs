@@ -607,11 +607,12 @@ fn probe_batch(conn: &mut redis::Connection, args: &[String], key: &str) {
     let reply: redis::Value = one_call(args)
         .query(conn)
         .unwrap_or_else(|e| panic!("FCALL of tierlimit's batch on {key}: {e}"));
-    // One flat array: each check's six integers (one rule) in a row.
+    // One flat array: the server time, then each check's three integers
+    // (one rule) in a row, a retry-after of 0 first when admitted.
     let admitted = match &reply {
-        redis::Value::Array(items) => items
-            .chunks(6)
-            .filter(|c| matches!(c.first(), Some(redis::Value::Int(1))))
+        redis::Value::Array(items) => items[1..]
+            .chunks(3)
+            .filter(|c| matches!(c.first(), Some(redis::Value::Int(0))))
             .count(),
         _ => 0,
     };

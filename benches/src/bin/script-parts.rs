@@ -60,26 +60,24 @@ return { 0, 0, rel - 1000000, now, 0, rel }
 
 /// A GCRA check written minimally in the batch script's loop (same KEYS and
 /// ARGV): one GET, one SET PX per check, the reply the batch script gives
-/// (each check's six integers in one flat array).
+/// (the server time, then each check's three integers, in one flat array).
 const MINIMAL_LOOP: &str = r"
 local n = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local out = {}
+local out = { now }
 for j = 1, n do
   local key = KEYS[j]
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then tat = now end
   tat = tat + 1000
   local rel = tat - now
-  local o = 6 * (j - 1)
+  local o = 1 + 3 * (j - 1)
   if rel <= 1000000 then
     redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil(rel / 1000)))
-    out[o + 1], out[o + 2], out[o + 3] = 1, 0, 0
-    out[o + 4], out[o + 5], out[o + 6] = now, math.floor((1000000 - rel) / 1000), rel
+    out[o + 1], out[o + 2], out[o + 3] = 0, math.floor((1000000 - rel) / 1000), rel
   else
-    out[o + 1], out[o + 2], out[o + 3] = 0, 0, rel - 1000000
-    out[o + 4], out[o + 5], out[o + 6] = now, 0, rel
+    out[o + 1], out[o + 2], out[o + 3] = rel - 1000000, 0, rel
   end
 end
 return out
@@ -90,13 +88,12 @@ const EMPTY_LOOP: &str = r"
 local n = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local out = {}
+local out = { now }
 for j = 1, n do
   local key = KEYS[j]
   local rel = 1000
-  local o = 6 * (j - 1)
-  out[o + 1], out[o + 2], out[o + 3] = 1, 0, 0
-  out[o + 4], out[o + 5], out[o + 6] = now, math.floor((1000000 - rel) / 1000), rel
+  local o = 1 + 3 * (j - 1)
+  out[o + 1], out[o + 2], out[o + 3] = 0, math.floor((1000000 - rel) / 1000), rel
 end
 return out
 ";
@@ -365,8 +362,8 @@ fn main() {
                 let reply: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
                 if v == 0 || v == batch_function {
                     assert!(
-                        matches!(&reply, redis::Value::Array(r) if r.len() == 6 * BATCH),
-                        "the shipped script answers every check, six integers each: {reply:?}"
+                        matches!(&reply, redis::Value::Array(r) if r.len() == 1 + 3 * BATCH),
+                        "the shipped script answers every check, three integers each: {reply:?}"
                     );
                 }
             }

@@ -81,38 +81,50 @@ pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
 }
 
 /// Reads the batch script's reply (see `lua/check_batch.lua`): one flat
-/// array holding each check's reply in a row, its `4 + 2 × rules` items, or
-/// one error in their place. One result per set of `sets` (the batch's
-/// checks, in order), or what did not add up, for every check of the call.
+/// array, the call's server time first (0 when no check asked for it), then
+/// each check's reply in a row, `retry_after_us, remaining, reset_after_us`
+/// for a set of one rule and `retry_after_us, rule, (remaining_i,
+/// reset_after_us_i)...` for more, or one error in their place. `checks`
+/// are the batch's checks in order: each one's set and the `now` it sent (0
+/// for the server's time). One result per check, or what did not add up, for
+/// every check of the call.
 pub(crate) fn parse_batch<'s>(
     reply: Value,
-    sets: impl ExactSizeIterator<Item = &'s RuleSet>,
+    checks: impl ExactSizeIterator<Item = (&'s RuleSet, u64)>,
 ) -> std::result::Result<Vec<Result<Verdict>>, String> {
     let items = match &reply {
         Value::Array(items) => items.as_slice(),
         other => return Err(format!("not an array: {other:?}")),
     };
-    let checks = sets.len();
-    let mut results = Vec::with_capacity(checks);
-    let mut at = 0;
-    for set in sets {
+    let call_time = match items.first() {
+        Some(Value::Int(t)) => u64::try_from(*t).map_err(|_| format!("server time {t}"))?,
+        other => return Err(format!("no server time first: {other:?}")),
+    };
+    let count = checks.len();
+    let mut results = Vec::with_capacity(count);
+    let mut at = 1;
+    for (set, now) in checks {
         if let Some(Value::ServerError(e)) = items.get(at) {
             results.push(Err(classify_server(e.clone())));
             at += 1;
             continue;
         }
-        let Some(part) = items.get(at..at + 4 + 2 * set.rules().len()) else {
-            return Err(format!(
-                "{} items, too few for {checks} checks",
-                items.len()
-            ));
+        let rules = set.rules().len();
+        let len = if rules == 1 { 3 } else { 2 + 2 * rules };
+        let Some(part) = items.get(at..at + len) else {
+            return Err(format!("{} items, too few for {count} checks", items.len()));
         };
-        results.push(parse_items(part, set));
-        at += part.len();
+        let time = match (now, call_time) {
+            (0, 0) => return Err("no server time for a check at the server's time".into()),
+            (0, t) => t,
+            (sent, _) => sent,
+        };
+        results.push(parse_batch_items(part, set, time));
+        at += len;
     }
     if at != items.len() {
         return Err(format!(
-            "{} items, {} more than {checks} checks' replies",
+            "{} items, {} more than {count} checks' replies",
             items.len(),
             items.len() - at
         ));
@@ -122,13 +134,7 @@ pub(crate) fn parse_batch<'s>(
 
 /// One check's reply, its items in a slice (see [`parse_verdict`]).
 fn parse_items(items: &[Value], set: &RuleSet) -> Result<Verdict> {
-    // An error inside the array is the server's, as redis-rs would report it.
-    if let Some(e) = items.iter().find_map(|item| match item {
-        Value::ServerError(e) => Some(e),
-        _ => None,
-    }) {
-        return Err(classify_server(e.clone()));
-    }
+    server_error(items)?;
     let rules = set.rules().len();
     if items.len() != 4 + 2 * rules {
         return Err(malformed(format!(
@@ -137,37 +143,57 @@ fn parse_items(items: &[Value], set: &RuleSet) -> Result<Verdict> {
             4 + 2 * rules
         )));
     }
-    let int = |i: usize| match &items[i] {
-        Value::Int(n) => Ok(*n),
-        other => redis::from_redis_value_ref::<i64>(other)
-            .map_err(|e| malformed(format!("item {i} is not an integer: {e}"))),
-    };
-    let unsigned = |i: usize| {
-        let n = int(i)?;
-        u64::try_from(n).map_err(|_| malformed(format!("item {i} is {n}")))
-    };
-    let allowed = match int(0)? {
+    let allowed = match int(items, 0)? {
         0 => false,
         1 => true,
         other => return Err(malformed(format!("allowed is {other}"))),
     };
-    let deciding = int(1)?;
+    let server_time_us = unsigned(items, 3)?;
+    verdict(set, items, allowed, int(items, 1)?, 2, 4, server_time_us)
+}
+
+/// One check's reply inside a batch's (see [`parse_batch`]), decided at
+/// `server_time_us`: a retry-after of 0 is an admission.
+fn parse_batch_items(items: &[Value], set: &RuleSet, server_time_us: u64) -> Result<Verdict> {
+    server_error(items)?;
+    let allowed = unsigned(items, 0)? == 0;
+    if set.rules().len() == 1 {
+        return verdict(set, items, allowed, 0, 0, 1, server_time_us);
+    }
+    verdict(set, items, allowed, int(items, 1)?, 0, 2, server_time_us)
+}
+
+/// The verdict whose deciding rule is `deciding`, whose retry-after is item
+/// `retry` and whose rules' (remaining, reset-after) pairs start at item
+/// `states`.
+fn verdict(
+    set: &RuleSet,
+    items: &[Value],
+    allowed: bool,
+    deciding: i64,
+    retry: usize,
+    states: usize,
+    server_time_us: u64,
+) -> Result<Verdict> {
+    let rules = set.rules().len();
     let rule = usize::try_from(deciding)
         .ok()
         .filter(|r| *r < rules)
         .ok_or_else(|| malformed(format!("deciding rule {deciding} of {rules}")))?;
-    let retry_after = Duration::from_micros(unsigned(2)?);
-    let server_time_us = unsigned(3)?;
-    let mut states = Vec::with_capacity(rules);
+    let retry_after = Duration::from_micros(unsigned(items, retry)?);
+    let mut list = Vec::with_capacity(rules);
     for i in 0..rules {
-        states.push(RuleState::new(
-            unsigned(4 + 2 * i)?,
-            Duration::from_micros(unsigned(5 + 2 * i)?),
+        list.push(RuleState::new(
+            unsigned(items, states + 2 * i)?,
+            Duration::from_micros(unsigned(items, states + 1 + 2 * i)?),
         ));
     }
     let limit = set.rules()[rule].limit();
-    let deciding = states[rule];
+    let deciding = list[rule];
     let decision = if allowed {
+        if !retry_after.is_zero() {
+            return Err(malformed("admitted with a retry-after".to_string()));
+        }
         Decision::allowed(
             limit,
             deciding.remaining,
@@ -183,9 +209,36 @@ fn parse_items(items: &[Value], set: &RuleSet) -> Result<Verdict> {
     };
     Ok(Verdict {
         decision,
-        rules: states,
+        rules: list,
         server_time_us,
     })
+}
+
+/// An error inside the array is the server's, as redis-rs would report it.
+fn server_error(items: &[Value]) -> Result<()> {
+    match items.iter().find_map(|item| match item {
+        Value::ServerError(e) => Some(e),
+        _ => None,
+    }) {
+        Some(e) => Err(classify_server(e.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Item `i` as an integer.
+fn int(items: &[Value], i: usize) -> Result<i64> {
+    match items.get(i) {
+        Some(Value::Int(n)) => Ok(*n),
+        Some(other) => redis::from_redis_value_ref::<i64>(other)
+            .map_err(|e| malformed(format!("item {i} is not an integer: {e}"))),
+        None => Err(malformed(format!("no item {i}"))),
+    }
+}
+
+/// Item `i` as an integer of at least 0.
+fn unsigned(items: &[Value], i: usize) -> Result<u64> {
+    let n = int(items, i)?;
+    u64::try_from(n).map_err(|_| malformed(format!("item {i} is {n}")))
 }
 
 fn malformed(what: String) -> Error {
@@ -294,16 +347,19 @@ mod tests {
     #[test]
     fn a_batch_reply_is_read_check_by_check_by_each_sets_rules() {
         let (one, two) = (one_rule(), set());
-        let mut items: Vec<Value> = [1, 0, 0, 7, 2, 333_334]
+        // The call's server time, then: one rule admitted (retry 0); two
+        // rules, denied by rule 1 for 40 µs.
+        let mut items: Vec<Value> = [7, 0, 2, 333_334]
             .into_iter()
-            .chain([0, 1, 40, 7, 1, 5, 0, 60])
+            .chain([40, 1, 1, 5, 0, 60])
             .map(Value::Int)
             .collect();
         // The third check failed alone: one error where its replies would be.
         items.push(oom());
-        items.extend([1, 0, 0, 8, 1, 666_667].map(Value::Int));
-        let results = parse_batch(Value::Array(items), [&one, &two, &two, &one].into_iter())
-            .expect("adds up");
+        // The last sent its own time (client-time mode): that is its time.
+        items.extend([0, 1, 666_667].map(Value::Int));
+        let checks = [(&one, 0), (&two, 0), (&two, 0), (&one, 8)];
+        let results = parse_batch(Value::Array(items), checks.into_iter()).expect("adds up");
         assert_eq!(results.len(), 4);
         let first = results[0].as_ref().expect("admitted");
         assert!(first.decision.allowed);
@@ -311,7 +367,12 @@ mod tests {
         let second = results[1].as_ref().expect("denied");
         assert!(!second.decision.allowed);
         assert_eq!(second.decision.rule, 1);
+        assert_eq!(second.decision.retry_after, Some(Duration::from_micros(40)));
         assert_eq!(second.rules.len(), 2);
+        assert_eq!(
+            second.rules[1],
+            RuleState::new(0, Duration::from_micros(60))
+        );
         assert_eq!(
             results[2].as_ref().expect_err("the error").redis_failure(),
             Some(RedisFailure::OutOfMemory)
@@ -323,13 +384,24 @@ mod tests {
     #[test]
     fn a_batch_reply_that_does_not_add_up_is_refused_whole() {
         let one = one_rule();
-        let six = || [1, 0, 0, 7, 2, 333_334].map(Value::Int);
-        let short: Vec<Value> = six().into_iter().chain([Value::Int(1)]).collect();
-        let long: Vec<Value> = six().into_iter().chain(six()).collect();
-        for (items, checks) in [(short, 2), (long, 1), (six().to_vec(), 2)] {
-            let sets = vec![&one; checks];
-            assert!(parse_batch(Value::Array(items), sets.into_iter()).is_err());
+        let three = || [0, 2, 333_334].map(Value::Int);
+        let with_time = |parts: &[[Value; 3]]| -> Vec<Value> {
+            std::iter::once(Value::Int(7))
+                .chain(parts.iter().flatten().cloned())
+                .collect()
+        };
+        let short = with_time(&[three()]);
+        let long = with_time(&[three(), three()]);
+        for (items, checks) in [(short, 2), (long, 1)] {
+            let checks = vec![(&one, 0); checks];
+            assert!(parse_batch(Value::Array(items), checks.into_iter()).is_err());
         }
-        assert!(parse_batch(Value::Okay, [&one].into_iter()).is_err());
+        // No server time first (the check's items alone), or a negative one.
+        let untimed: Vec<Value> = three().to_vec();
+        let negative: Vec<Value> = std::iter::once(Value::Int(-1)).chain(three()).collect();
+        for items in [untimed, negative] {
+            assert!(parse_batch(Value::Array(items), [(&one, 0)].into_iter()).is_err());
+        }
+        assert!(parse_batch(Value::Okay, [(&one, 0)].into_iter()).is_err());
     }
 }

@@ -275,7 +275,7 @@ async fn bad_numbers_are_refused(
 
 /// The batch function called by hand: arguments that do not add up, or a
 /// nonce missing or empty, refuse the whole call before anything is read or
-/// written; a good call decides each request (six integers each).
+/// written; a good call decides each request (three integers each, after the server time).
 #[tokio::test]
 async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
     let server = RedisServer::start();
@@ -340,8 +340,9 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
     }
     // Well formed, with one set and with two: each request decided.
     let one_set = ["tl:{a}:api:g60000000", "tl:{c}:api:g60000000"];
-    for (keys, args) in [
-        (&one_set, good),
+    // {a}'s GCRA rule is checked in both calls: 9 left, then 8.
+    for (keys, args, left) in [
+        (&one_set, good, (9, 9)),
         (
             &two,
             [
@@ -351,14 +352,19 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
                 &["1", "0", "1", "2", "0", "1"],
             ]
             .concat(),
+            (8, 9),
         ),
     ] {
         let reply: Vec<i64> = call(keys, args.clone())
             .query_async(&mut conn)
             .await
             .expect("a good batch");
-        assert_eq!(reply.len(), 12, "{args:?}: {reply:?}");
-        assert_eq!((reply[0], reply[6]), (1, 1), "{args:?}: {reply:?}");
+        // The server time, then per request: retry-after (0: admitted),
+        // remaining, reset-after.
+        assert_eq!(reply.len(), 7, "{args:?}: {reply:?}");
+        assert!(reply[0] > 0, "{args:?}: {reply:?}");
+        assert_eq!((reply[1], reply[2]), (0, left.0), "{args:?}: {reply:?}");
+        assert_eq!((reply[4], reply[5]), (0, left.1), "{args:?}: {reply:?}");
     }
 }
 
