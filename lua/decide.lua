@@ -16,7 +16,8 @@
 --                             Returns check.lua's reply as a table, except
 --                             for a set of one rule, whose six integers it
 --                             returns as six values (no table of its own: a
---                             batch puts them straight into its flat reply);
+--                             batch copies the three it answers straight
+--                             into its flat reply);
 --                             or an error reply (WRONGTYPE) when nothing was
 --                             written. Bad input raises refuse()'s error
 --                             before any read.
