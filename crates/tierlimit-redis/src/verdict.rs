@@ -314,6 +314,7 @@ mod tests {
             reply(&[1, 2, 0, 1, 2, 3, 4, 5]),      // no rule 2
             reply(&[1, 0, 0, 1, -2, 3, 4, 5]),     // negative remaining
             reply(&[0, 0, 0, 1, 0, 3, 4, 5]),      // denied without a wait
+            reply(&[1, 0, 7, 1, 0, 3, 4, 5]),      // admitted with a wait
             Value::SimpleString("OK".to_string()), // not an array
             Value::Array(vec![
                 Value::Int(1),
