@@ -610,7 +610,9 @@ fn probe_batch(conn: &mut redis::Connection, args: &[String], key: &str) {
     // One flat array: the server time, then each check's three integers
     // (one rule) in a row, a retry-after of 0 first when admitted.
     let admitted = match &reply {
-        redis::Value::Array(items) => items[1..]
+        redis::Value::Array(items) => items
+            .get(1..)
+            .unwrap_or_default()
             .chunks(3)
             .filter(|c| matches!(c.first(), Some(redis::Value::Int(0))))
             .count(),
