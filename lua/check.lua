@@ -60,10 +60,12 @@ local rules = #KEYS
 if rules == 0 or #ARGV ~= 3 + 5 * rules then
   return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
 end
--- One rule's reply comes as six values (see decide.lua), several rules' or an
--- error as one table.
-local reply, rule, retry, now, remaining, reset = check_one(0, rules, 0)
-if rule == nil then
+-- One rule's reply comes as six values (see decide.lua), several rules' as
+-- one table; an error raised on the way becomes its reply (request_error).
+local ok, reply, rule, retry, now, remaining, reset = pcall(check_one, 0, rules, 0)
+if not ok then
+  return request_error(reply)
+elseif rule == nil then
   return reply
 end
 return { reply, rule, retry, now, remaining, reset }

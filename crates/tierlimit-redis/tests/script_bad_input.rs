@@ -368,6 +368,90 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
     }
 }
 
+/// Requests of one batch that raise (a key of another type, a refused cost)
+/// answer their own error, in their own place, naming their own key; every
+/// request before and after them is decided, the failed ones write nothing.
+/// The batch decides its requests under one `pcall`, resumed after the one
+/// that raised, so this is what keeps the others going.
+#[tokio::test]
+async fn requests_that_raise_in_a_batch_answer_alone_and_the_rest_are_decided() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    Way::both(&server).await;
+    let batch = library_function(&server, |n| n.starts_with("tierlimit_check_batch_")).await;
+    let keys = [
+        "tl:{a}:api:g60000000",
+        "tl:{spoilt}:api:g60000000",
+        "tl:{b}:api:g60000000",
+        "tl:{c}:api:g60000000",
+        "tl:{d}:api:g60000000",
+    ];
+    let () = redis::cmd("HSET")
+        .arg(keys[1])
+        .arg("not")
+        .arg("gcra")
+        .query_async(&mut conn)
+        .await
+        .expect("HSET");
+    // GCRA 10 per minute; five requests of cost 1, but the fourth's is 0.
+    let args = [
+        "5", "1", "42", "1", "1", "10", "60000000", "10", "0", "0", "1", "0", "1", "0", "1", "0",
+        "0", "0", "1",
+    ];
+    let before = snapshot(&mut conn).await;
+    let mut call = redis::cmd("FCALL");
+    call.arg(&batch)
+        .arg(keys.len())
+        .arg(&keys[..])
+        .arg(&args[..]);
+    // Sent raw: a query would turn the whole reply into its first error.
+    let reply = redis::aio::ConnectionLike::req_packed_command(&mut conn, &call)
+        .await
+        .expect("the call answers each request");
+    let redis::Value::Array(reply) = reply else {
+        panic!("not an array: {reply:?}");
+    };
+    // The server time, then {a} (three integers), {spoilt}'s error, {b}'s
+    // three, {c}'s error, {d}'s three.
+    assert_eq!(reply.len(), 1 + 3 + 1 + 3 + 1 + 3, "{reply:?}");
+    let int = |i: usize| match &reply[i] {
+        redis::Value::Int(n) => *n,
+        other => panic!("item {i} is {other:?}: {reply:?}"),
+    };
+    let error = |i: usize| match &reply[i] {
+        redis::Value::ServerError(e) => format!("{} {}", e.code(), e.details().unwrap_or("")),
+        other => panic!("item {i} is {other:?}: {reply:?}"),
+    };
+    for at in [1, 5, 9] {
+        assert_eq!(
+            (int(at), int(at + 1)),
+            (0, 9),
+            "admitted, 9 left: {reply:?}"
+        );
+    }
+    let wrongtype = error(4);
+    assert!(
+        wrongtype.starts_with("WRONGTYPE tierlimit check: KEYS[2] holds another type"),
+        "{wrongtype}"
+    );
+    let refused = error(8);
+    assert!(
+        refused.starts_with("ERR tierlimit check: cost must be in"),
+        "{refused}"
+    );
+    let after = snapshot(&mut conn).await;
+    let written: Vec<&String> = after
+        .iter()
+        .filter(|entry| !before.contains(entry))
+        .map(|(key, _, _)| key)
+        .collect();
+    assert_eq!(
+        written,
+        [keys[0], keys[2], keys[4]],
+        "only the decided requests wrote"
+    );
+}
+
 #[tokio::test]
 async fn one_key_under_two_algorithms_writes_nothing() {
     let server = RedisServer::start();
