@@ -127,25 +127,17 @@ fn variants() -> Vec<(&'static str, String)> {
         "local function int_arg(script, name, s, lo, hi)\n  do return tonumber(s) end\n",
     );
     let no_checks = joined(&common1, ALGORITHMS[0], DECIDE, BATCH_MAIN);
-    // 2. The pcall per check (batch) and per rule (decide).
-    let decide2 = edit(
-        DECIDE,
-        "pcall(CHECKS[code], key, now,",
-        "true, CHECKS[code](key, now,",
-    );
-    let main2 = edit(
-        BATCH_MAIN,
-        "pcall(batch_one, k_at[j]",
-        "true, batch_one(k_at[j]",
-    );
-    let no_pcall = joined(&common1, ALGORITHMS[0], &decide2, &main2);
+    // 2. The batch's one pcall (two per check before stop 32: one around
+    // the request, one around each rule's read).
+    let main2 = edit(BATCH_MAIN, "pcall(run)", "true, run()");
+    let no_pcall = joined(&common1, ALGORITHMS[0], DECIDE, &main2);
     // 3. The "<TAT>@<limit>" string: store the integer TAT only.
     let gcra3 = edit(
         ALGORITHMS[0],
         "  if rel > whole then\n    value = format('%d%s@%d', now + whole, sub(format('%.17f', rel - whole), 2), limit)\n  else\n    value = format('%d@%d', now + whole, limit)\n  end\n",
         "  value = format('%d', now + whole)\n",
     );
-    let no_string = joined(&common1, &gcra3, &decide2, &main2);
+    let no_string = joined(&common1, &gcra3, DECIDE, &main2);
     // 4. The four other algorithms' definitions (re-created on every call).
     let mut gcra_only = String::from(&common1);
     gcra_only.push_str(&gcra3);
@@ -159,12 +151,12 @@ fn variants() -> Vec<(&'static str, String)> {
             "local function {name}_check() end\nlocal function {name}_commit() end\n"
         ));
     }
-    gcra_only.push_str(&decide2);
+    gcra_only.push_str(DECIDE);
     gcra_only.push_str(&main2);
     vec![
         ("shipped batch script", full),
         ("- argument checks (int_arg = tonumber)", no_checks),
-        ("- pcall per check and per rule", no_pcall),
+        ("- the pcall (one per batch)", no_pcall),
         ("- TAT string (integer TAT, no '@limit')", no_string),
         ("- the other four algorithms' definitions", gcra_only),
         ("minimal GCRA loop (GET + SET PX)", MINIMAL_LOOP.to_string()),
