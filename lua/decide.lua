@@ -111,9 +111,10 @@ local reading_key, reading_code = 0, 0
 -- The reply of a request that raised `err`, as a lone call would answer it:
 -- refuse()'s error as it is, a failed read's WRONGTYPE naming its key, any
 -- other command's error with its own code, anything else (a bug) as "ERR".
--- Requests are decided under one pcall each (check.lua) or a few per batch
--- (check_batch.lua), not one per rule read: each pcall costs Redis about
--- 1.7 % of a batched check (callgrind, stop 32).
+-- check.lua decides its request under one pcall, check_batch.lua all its
+-- requests under one (and one more after each request that raises), not one
+-- per request and per rule read: each pcall costs Redis about 1.7 % of a
+-- batched check (callgrind, stop 32).
 local function request_error(err)
   local text = type(err) == 'table' and err.err or tostring(err)
   local key = reading_key
