@@ -60,8 +60,8 @@
 
 if floor == nil then bind_std() end
 
-local n = int_arg('check batch', 'the number of requests', ARGV[1], 1, 1000)
-local g = int_arg('check batch', 'the number of rule sets', ARGV[2], 1, n)
+local n = count_arg('the number of requests', ARGV[1], 1000)
+local g = count_arg('the number of rule sets', ARGV[2], n)
 local nonce = ARGV[3]
 check_nonce('check batch', nonce)
 
@@ -72,14 +72,8 @@ check_nonce('check batch', nonce)
 local sets = {}
 local a = 3
 for s = 1, g do
-  local rules = int_arg('check batch', 'the rules of rule set ' .. s, ARGV[a + 1], 1, 1000)
-  local ok, args = pcall(function()
-    local list = {}
-    for i = 1, rules do
-      list[i] = rule_args('check', a + 1 + 5 * (i - 1))
-    end
-    return list
-  end)
+  local rules = count_arg('the rules of rule set', ARGV[a + 1], 1000, s)
+  local ok, args = pcall(rule_list, a, rules)
   if ok then
     local logs = false
     for i = 1, rules do
@@ -94,10 +88,12 @@ end
 
 -- Each request names its rule set (when g > 1) by one of the texts '1' ..
 -- g: looked up here, so only a request that names none pays for int_arg's
--- checks.
+-- checks. Made only when g > 1 (a number made text costs Redis a sprintf).
 local set_of = {}
-for s = 1, g do
-  set_of[tostring(s)] = s
+if g > 1 then
+  for s = 1, g do
+    set_of[tostring(s)] = s
+  end
 end
 -- Every request's keys and arguments, counted before anything is decided.
 local k_end, a_end = 0, a
@@ -145,7 +141,7 @@ local function run()
     -- check_call_args and call_now, called only when their memos miss: a
     -- Lua call costs Redis about 1 % of a batched check.
     local now_s, cost_s = ARGV[a0 + 1], ARGV[a0 + 2]
-    local cost = COSTS_SEEN and COSTS_SEEN[cost_s]
+    local cost = INTS_SEEN and INTS_SEEN[cost_s]
     if not cost or now_s ~= '0' then
       cost = check_call_args(now_s, cost_s)
     end

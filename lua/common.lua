@@ -124,8 +124,12 @@ end
 --               per argument (RULES_SEEN[code][limit][period][capacity]
 --               [offset]): five lookups of strings Redis made already, where
 --               joining them would make and hash a new string on every call;
---   COSTS_SEEN  a cost, by its text (decide.lua).
-local RULES_SEEN, RULES_SEEN_N, COSTS_SEEN, COSTS_SEEN_N = nil, 0, nil, 0
+--   INTS_SEEN   a decimal integer argument from 1 to MAX_LIMIT, by its
+--               text: a request's cost, a batch's counts (decide.lua's
+--               check_call_args and count_arg). Parsing and checking a
+--               number costs Redis more than a few lines of Lua (the
+--               pattern match, strtod), so each text is checked once.
+local RULES_SEEN, RULES_SEEN_N, INTS_SEEN, INTS_SEEN_N = nil, 0, nil, 0
 local SEEN_MAX = 512
 
 -- RULES_SEEN's table under `k` in `node`, made when missing.

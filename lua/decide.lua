@@ -7,8 +7,9 @@
 -- this file holds the decision so both scripts make it the same way.
 --
 -- KEYS / ARGV: none of its own; it defines (besides the argument checks
--- check_keys, check_call_args, check_nonce, refuse_capacity and decide_one /
--- decide, which check_batch.lua calls one by one)
+-- check_keys, check_call_args, count_arg, rule_list, check_nonce,
+-- refuse_capacity and decide_one / decide, which check_batch.lua calls one by
+-- one)
 --   check_one(k0, rules, a0)  decides the request whose storage keys are
 --                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
 --                             are ARGV[a0 + 1 ..]: now, cost, nonce, then five
@@ -67,24 +68,56 @@ local function check_keys(k0, rules)
   end
 end
 
+-- Remembers `s`, checked as a decimal integer from 1 to MAX_LIMIT, as `n`
+-- (common.lua's INTS_SEEN, when memos are on); returns n.
+local function seen_int(s, n)
+  if INTS_SEEN then
+    if INTS_SEEN_N >= SEEN_MAX then
+      INTS_SEEN, INTS_SEEN_N = {}, 0
+    end
+    INTS_SEEN[s], INTS_SEEN_N = n, INTS_SEEN_N + 1
+  end
+  return n
+end
+
 -- Checks a request's now and cost; returns the cost.
 local function check_call_args(now_s, cost_s)
   -- "0" (the server's TIME) is by far the most common now.
   if now_s ~= '0' then
     int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
   end
-  -- A few distinct costs serve almost every check (common.lua's COSTS_SEEN).
-  local cost = COSTS_SEEN and COSTS_SEEN[cost_s]
-  if not cost then
-    cost = int_arg('check', 'cost', cost_s, 1, MAX_LIMIT)
-    if COSTS_SEEN then
-      if COSTS_SEEN_N >= SEEN_MAX then
-        COSTS_SEEN, COSTS_SEEN_N = {}, 0
-      end
-      COSTS_SEEN[cost_s], COSTS_SEEN_N = cost, COSTS_SEEN_N + 1
-    end
+  -- A few distinct costs serve almost every check.
+  local cost = INTS_SEEN and INTS_SEEN[cost_s]
+  if cost then
+    return cost
   end
-  return cost
+  return seen_int(cost_s, int_arg('check', 'cost', cost_s, 1, MAX_LIMIT))
+end
+
+-- Checks one of a batch's counts (of requests, rule sets, a set's rules),
+-- 1 to hi; returns it. A text seen before is a decimal integer of at least 1
+-- (INTS_SEEN): only hi is left to check. A refusal names `what`, followed by
+-- `which` when given (made only then: a number made text costs Redis a
+-- sprintf).
+local function count_arg(what, s, hi, which)
+  local n = INTS_SEEN and INTS_SEEN[s]
+  if n and n <= hi then
+    return n
+  end
+  if which then
+    what = what .. ' ' .. which
+  end
+  return seen_int(s, int_arg('check batch', what, s, 1, hi))
+end
+
+-- The checked arguments of `rules` rules from ARGV[a + 2] on (check_batch.lua's
+-- rule sets; raises what rule_args raises).
+local function rule_list(a, rules)
+  local list = {}
+  for i = 1, rules do
+    list[i] = rule_args('check', a + 1 + 5 * (i - 1))
+  end
+  return list
 end
 
 -- Checks a call's nonce (one per call: a batch's requests share it); an

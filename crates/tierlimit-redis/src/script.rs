@@ -376,7 +376,7 @@ pub fn library_source() -> &'static str {
 const LIBRARY_TEMPLATE: &str = concat!(
     "local KEYS, ARGV = {}, {}\n",
     with_algorithms!("../lua/decide.lua"),
-    "\nRULES_SEEN, COSTS_SEEN = {}, {}\n",
+    "\nRULES_SEEN, INTS_SEEN = {}, {}\n",
     "\nredis.register_function('tierlimit_check_@ID@', function(keys, args)\n",
     "KEYS, ARGV, server_now = keys, args, nil\n",
     include_str!("../lua/check.lua"),

@@ -9,7 +9,7 @@
 //!
 //! The check runs two ways: as the script (`EVALSHA`), and as the Functions
 //! library's check function (`FCALL`), whose memos of checked arguments
-//! (common.lua's RULES_SEEN, COSTS_SEEN) already hold the good call's numbers
+//! (common.lua's RULES_SEEN, INTS_SEEN) already hold the good call's numbers
 //! when the bad ones come: a look-alike of a number seen must still be
 //! refused.
 
@@ -366,6 +366,21 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
         assert_eq!((reply[1], reply[2]), (0, left.0), "{args:?}: {reply:?}");
         assert_eq!((reply[4], reply[5]), (0, left.1), "{args:?}: {reply:?}");
     }
+    // "2" passed above as a count (the library remembers checked counts and
+    // costs by their text): as the rule sets of one request it is still
+    // refused, and nothing is written.
+    let before = snapshot(&mut conn).await;
+    let args = [&["1", "2", "42"][..], &gcra, &log, &["1", "0", "1"]].concat();
+    let err = call(&two[..1], args.clone())
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .expect_err("two rule sets for one request");
+    assert!(
+        err.to_string()
+            .contains("the number of rule sets must be in [1, 1], got 2"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&mut conn).await, before, "{args:?} wrote");
 }
 
 /// Requests of one batch that raise (a key of another type, a refused cost)
