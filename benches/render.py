@@ -177,7 +177,7 @@ LOAD_NOTES = [
     " keyspace per sample, and this run's after stop 31 cut a batched check's"
     " arguments and reply, about a sixth of its instructions by callgrind,"
     " 1.015, which one run of this row, spread as it is, neither shows nor"
-    " hides; and this run's after stop 32 took another 9–11 % off: one"
+    " hides; and this run's after stop 32 took another 9–12 % off: one"
     " `pcall` per batch instead of two per request, fewer Lua calls and"
     " number conversions);"
     " B16, the check script by"
