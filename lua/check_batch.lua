@@ -60,8 +60,8 @@
 
 if floor == nil then bind_std() end
 
-local n = count_arg('the number of requests', ARGV[1], 1000)
-local g = count_arg('the number of rule sets', ARGV[2], n)
+local n = int_seen('check batch', 'the number of requests', ARGV[1], 1000)
+local g = int_seen('check batch', 'the number of rule sets', ARGV[2], n)
 local nonce = ARGV[3]
 check_nonce('check batch', nonce)
 
@@ -72,7 +72,7 @@ check_nonce('check batch', nonce)
 local sets = {}
 local a = 3
 for s = 1, g do
-  local rules = count_arg('the rules of rule set', ARGV[a + 1], 1000, s)
+  local rules = int_seen('check batch', 'the rules of rule set', ARGV[a + 1], 1000, s)
   local ok, args = pcall(rule_list, a, rules)
   if ok then
     local logs = false

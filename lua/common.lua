@@ -126,7 +126,7 @@ end
 --               joining them would make and hash a new string on every call;
 --   INTS_SEEN   a decimal integer argument from 1 to MAX_LIMIT, by its
 --               text: a request's cost, a batch's counts (decide.lua's
---               check_call_args and count_arg). Parsing and checking a
+--               check_call_args and int_seen). Parsing and checking a
 --               number costs Redis more than a few lines of Lua (the
 --               pattern match, strtod), so each text is checked once.
 local RULES_SEEN, RULES_SEEN_N, INTS_SEEN, INTS_SEEN_N = nil, 0, nil, 0

@@ -7,7 +7,7 @@
 -- this file holds the decision so both scripts make it the same way.
 --
 -- KEYS / ARGV: none of its own; it defines (besides the argument checks
--- check_keys, check_call_args, count_arg, rule_list, check_nonce,
+-- check_keys, check_call_args, int_seen, rule_list, check_nonce,
 -- refuse_capacity and decide_one / decide, which check_batch.lua calls one by
 -- one)
 --   check_one(k0, rules, a0)  decides the request whose storage keys are
@@ -68,9 +68,20 @@ local function check_keys(k0, rules)
   end
 end
 
--- Remembers `s`, checked as a decimal integer from 1 to MAX_LIMIT, as `n`
--- (common.lua's INTS_SEEN, when memos are on); returns n.
-local function seen_int(s, n)
+-- Checks `s` as a decimal integer from 1 to hi (at most MAX_LIMIT) for
+-- `script`; returns it. A text seen before (common.lua's INTS_SEEN, when
+-- memos are on) is a decimal integer of at least 1: only hi is left to
+-- check. A refusal names `what`, followed by `which` when given (made only
+-- then: a number made text costs Redis a sprintf).
+local function int_seen(script, what, s, hi, which)
+  local n = INTS_SEEN and INTS_SEEN[s]
+  if n and n <= hi then
+    return n
+  end
+  if which then
+    what = what .. ' ' .. which
+  end
+  n = int_arg(script, what, s, 1, hi)
   if INTS_SEEN then
     if INTS_SEEN_N >= SEEN_MAX then
       INTS_SEEN, INTS_SEEN_N = {}, 0
@@ -86,28 +97,10 @@ local function check_call_args(now_s, cost_s)
   if now_s ~= '0' then
     int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
   end
-  -- A few distinct costs serve almost every check.
-  local cost = INTS_SEEN and INTS_SEEN[cost_s]
-  if cost then
-    return cost
-  end
-  return seen_int(cost_s, int_arg('check', 'cost', cost_s, 1, MAX_LIMIT))
-end
-
--- Checks one of a batch's counts (of requests, rule sets, a set's rules),
--- 1 to hi; returns it. A text seen before is a decimal integer of at least 1
--- (INTS_SEEN): only hi is left to check. A refusal names `what`, followed by
--- `which` when given (made only then: a number made text costs Redis a
--- sprintf).
-local function count_arg(what, s, hi, which)
-  local n = INTS_SEEN and INTS_SEEN[s]
-  if n and n <= hi then
-    return n
-  end
-  if which then
-    what = what .. ' ' .. which
-  end
-  return seen_int(s, int_arg('check batch', what, s, 1, hi))
+  -- A few distinct costs serve almost every check: their memo is looked up
+  -- here, int_seen called only when it misses (a Lua call costs Redis about
+  -- 1 % of a check).
+  return INTS_SEEN and INTS_SEEN[cost_s] or int_seen('check', 'cost', cost_s, MAX_LIMIT)
 end
 
 -- The checked arguments of `rules` rules from ARGV[a + 2] on (check_batch.lua's
@@ -153,8 +146,8 @@ local function request_error(err)
   local key = reading_key
   reading_key = 0
   if key > 0 and sub(text, 1, 9) == 'WRONGTYPE' then
-    return { err = 'WRONGTYPE tierlimit check: KEYS[' .. key .. '] holds another type than algorithm '
-      .. reading_code .. ' stores; nothing was written' }
+    return { err = 'WRONGTYPE tierlimit check: KEYS[' .. key .. '] holds another type than'
+      .. ' algorithm ' .. reading_code .. ' stores; nothing was written' }
   elseif type(err) == 'table' and err.err then
     return err
   elseif match(text, '^%u+ ') then
