@@ -11,9 +11,11 @@
 -- ARGV[1]  now in µs since the Unix epoch, or "0" to use the server's TIME.
 -- ARGV[2]  cost: units this request takes from every rule (>= 1).
 -- ARGV[3]  nonce: a random u64 per call, keeps sliding-log members unique.
--- ARGV[4 + 5(i-1) ..] five per rule i: algorithm code (1 GCRA, 2 token bucket,
---          3 sliding log, 4 sliding window, 5 fixed window), limit, period_us,
---          capacity, utc_offset_us.
+-- ARGV[3 + i] rule i: its five numbers joined by ':', algorithm code (1 GCRA,
+--          2 token bucket, 3 sliding log, 4 sliding window, 5 fixed window),
+--          limit, period_us, capacity, utc_offset_us: "1:10:60000000:10:0"
+--          (one argument, not five: Redis pays for each argument about as
+--          much as for a few lines of Lua).
 --
 -- Reply: an array of integers
 --   { allowed (1/0), deciding rule (0-based), retry_after_us (0 when allowed),
@@ -51,14 +53,14 @@
 --
 -- Example (redis-cli; <sha> is the SHA1 of the joined script): 10 per minute
 -- by GCRA for user-1, server time, cost 1, on an empty key:
---   EVALSHA <sha> 1 tl:{user-1}:api:g60000000 0 1 42 1 10 60000000 10 0
+--   EVALSHA <sha> 1 tl:{user-1}:api:g60000000 0 1 42 1:10:60000000:10:0
 --   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
 
 if floor == nil then bind_std() end
 
 local rules = #KEYS
-if rules == 0 or #ARGV ~= 3 + 5 * rules then
-  return redis.error_reply('ERR tierlimit check: expected 3 + 5 arguments per key')
+if rules == 0 or #ARGV ~= 3 + rules then
+  return redis.error_reply('ERR tierlimit check: expected 3 arguments and one per key')
 end
 -- One rule's reply comes as six values (see decide.lua), several rules' as
 -- one table; an error raised on the way becomes its reply (request_error).

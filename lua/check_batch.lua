@@ -16,9 +16,9 @@
 --          per request.
 -- ARGV[3]  nonce, the call's (check.lua's ARGV[3]); request j's sliding-log
 --          members carry "<nonce>.<j>", unique within the call too.
--- then per rule set s: its number of rules r_s (1 to 1000) and five
---          arguments per rule (code, limit, period_us, capacity,
---          utc_offset_us), as check.lua takes them;
+-- then per rule set s: its number of rules r_s (1 to 1000) and one
+--          argument per rule (code:limit:period_us:capacity:utc_offset_us),
+--          as check.lua takes them;
 -- then per request j: its rule set s_j (1 to g; only when g > 1: with one
 --          rule set every request is under it), now_us ("0" for the
 --          server's TIME) and cost (check.lua's ARGV[1..2]).
@@ -55,7 +55,7 @@
 --
 -- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
 --   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1 7
---     1 1 10 60000000 10 0   0 1   0 1
+--     1 1:10:60000000:10:0   0 1   0 1
 --   -> 1) <now_us>  2) 0  3) 9  4) 6000000  5) 0  6) 9  7) 6000000
 
 if floor == nil then bind_std() end
@@ -73,7 +73,7 @@ local sets = {}
 local a = 3
 for s = 1, g do
   local rules = int_seen('check batch', 'the rules of rule set', ARGV[a + 1], 1000, s)
-  local ok, args = pcall(rule_list, a, rules)
+  local ok, args = pcall(rule_list, a + 1, rules)
   if ok then
     local logs = false
     for i = 1, rules do
@@ -83,7 +83,7 @@ for s = 1, g do
   else
     sets[s] = { rules, nil, args }
   end
-  a = a + 1 + 5 * rules
+  a = a + 1 + rules
 end
 
 -- Each request names its rule set (when g > 1) by one of the texts '1' ..

@@ -12,10 +12,11 @@
 --                             string (optional minus, at most 16 digits: no
 --                             hex, exponent, fraction, nan or inf) within
 --                             [lo, hi], else refuse;
---   rule_args(script, a)      the five arguments of one rule at ARGV[a + 1 ..
---                             a + 5] (code, limit, period_us, capacity,
---                             utc_offset_us), checked against the same bounds
---                             Rule enforces in Rust (below), else refuse;
+--   rule_args(script, i)      the rule at ARGV[i]: its five numbers joined by
+--                             ':' (code:limit:period_us:capacity:
+--                             utc_offset_us, e.g. "1:10:60000000:10:0"),
+--                             each checked against the same bounds Rule
+--                             enforces in Rust (below), else refuse;
 --                             returned as a table { code, limit, period,
 --                             capacity, offset } the caller must not change
 --                             (it is memoised: see RULES_SEEN);
@@ -84,20 +85,31 @@ local function int_arg(script, name, s, lo, hi)
   return n
 end
 
-local function checked_rule_args(script, a)
-  local code = int_arg(script, 'algorithm code', ARGV[a + 1], 1, 5)
+-- One rule is one argument, not five: Redis pays for each argument of a call
+-- about as much as for a few lines of Lua (it parses it, makes an object of
+-- it, then a Lua string), and the library's memo finds a rule by one lookup.
+local function checked_rule_args(script, s)
+  local c, l, p, b, o
+  if type(s) == 'string' then
+    c, l, p, b, o = match(s, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$')
+  end
+  if not c then
+    refuse(script, 'a rule must be code:limit:period_us:capacity:utc_offset_us, got "'
+      .. sub(tostring(s), 1, 100) .. '"')
+  end
+  local code = int_arg(script, 'algorithm code', c, 1, 5)
   local limit_max = MAX_LIMIT
   if code == 3 then
     limit_max = MAX_SLIDING_LOG_LIMIT
   end
-  local limit = int_arg(script, 'limit', ARGV[a + 2], 1, limit_max)
-  local period = int_arg(script, 'period_us', ARGV[a + 3], 1000, MAX_EXACT)
-  local capacity = int_arg(script, 'capacity', ARGV[a + 4], 1, MAX_LIMIT)
+  local limit = int_arg(script, 'limit', l, 1, limit_max)
+  local period = int_arg(script, 'period_us', p, 1000, MAX_EXACT)
+  local capacity = int_arg(script, 'capacity', b, 1, MAX_LIMIT)
   local offset_max = 0
   if code == 5 then
     offset_max = MAX_OFFSET_US
   end
-  local offset = int_arg(script, 'utc_offset_us', ARGV[a + 5], -offset_max, offset_max)
+  local offset = int_arg(script, 'utc_offset_us', o, -offset_max, offset_max)
   if code <= 2 then
     if limit > period then
       refuse(script, 'limit must be at most period_us (one unit per microsecond)')
@@ -120,10 +132,7 @@ end
 -- keeps them from call to call, so each rule set's numbers are parsed and
 -- checked once per server, not on every check. Bounded: a full memo starts
 -- over.
---   RULES_SEEN  a rule's table, by its five arguments, one level of tables
---               per argument (RULES_SEEN[code][limit][period][capacity]
---               [offset]): five lookups of strings Redis made already, where
---               joining them would make and hash a new string on every call;
+--   RULES_SEEN  a rule's table, by its argument's text;
 --   INTS_SEEN   a decimal integer argument from 1 to MAX_LIMIT, by its
 --               text: a request's cost, a batch's counts (decide.lua's
 --               check_call_args and int_seen). Parsing and checking a
@@ -132,37 +141,20 @@ end
 local RULES_SEEN, RULES_SEEN_N, INTS_SEEN, INTS_SEEN_N = nil, 0, nil, 0
 local SEEN_MAX = 512
 
--- RULES_SEEN's table under `k` in `node`, made when missing.
-local function memo_level(node, k)
-  local below = node[k]
-  if not below then
-    below = {}
-    node[k] = below
+local function rule_args(script, i)
+  local s = ARGV[i]
+  local rule = RULES_SEEN and RULES_SEEN[s]
+  if rule then
+    return rule
   end
-  return below
-end
-
-local function rule_args(script, a)
-  local seen = RULES_SEEN
-  if not seen then
-    return checked_rule_args(script, a)
+  rule = checked_rule_args(script, s)
+  -- Only arguments that pass (strings) are kept.
+  if RULES_SEEN then
+    if RULES_SEEN_N >= SEEN_MAX then
+      RULES_SEEN, RULES_SEEN_N = {}, 0
+    end
+    RULES_SEEN[s], RULES_SEEN_N = rule, RULES_SEEN_N + 1
   end
-  local c, l, p, b, o = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  local t = seen[c]
-  t = t and t[l]
-  t = t and t[p]
-  t = t and t[b]
-  t = t and t[o]
-  if t then
-    return t
-  end
-  -- Only arguments that pass (strings, so every level's key is one) are kept.
-  local rule = checked_rule_args(script, a)
-  if RULES_SEEN_N >= SEEN_MAX then
-    RULES_SEEN, RULES_SEEN_N = {}, 0
-  end
-  memo_level(memo_level(memo_level(memo_level(RULES_SEEN, c), l), p), b)[o] = rule
-  RULES_SEEN_N = RULES_SEEN_N + 1
   return rule
 end
 

@@ -12,7 +12,7 @@
 -- one)
 --   check_one(k0, rules, a0)  decides the request whose storage keys are
 --                             KEYS[k0 + 1 .. k0 + rules] and whose arguments
---                             are ARGV[a0 + 1 ..]: now, cost, nonce, then five
+--                             are ARGV[a0 + 1 ..]: now, cost, nonce, then one
 --                             per rule (check.lua's ARGV[1 ..] shifted by a0).
 --                             Returns check.lua's reply as a table, except
 --                             for a set of one rule, whose six integers it
@@ -103,12 +103,12 @@ local function check_call_args(now_s, cost_s)
   return INTS_SEEN and INTS_SEEN[cost_s] or int_seen('check', 'cost', cost_s, MAX_LIMIT)
 end
 
--- The checked arguments of `rules` rules from ARGV[a + 2] on (check_batch.lua's
+-- The checked arguments of `rules` rules at ARGV[a + 1 ..] (check_batch.lua's
 -- rule sets; raises what rule_args raises).
 local function rule_list(a, rules)
   local list = {}
   for i = 1, rules do
-    list[i] = rule_args('check', a + 1 + 5 * (i - 1))
+    list[i] = rule_args('check', a + i)
   end
   return list
 end
@@ -239,7 +239,7 @@ local function check_one(k0, rules, a0)
   check_nonce('check', ARGV[a0 + 3])
   if rules == 1 then
     -- No table of one rule's arguments (most sets have one rule).
-    local rule = rule_args('check', a0 + 3)
+    local rule = rule_args('check', a0 + 4)
     if cost > rule[4] then
       refuse_capacity(ARGV[a0 + 2], 1)
     end
@@ -247,7 +247,7 @@ local function check_one(k0, rules, a0)
   end
   local args = {}
   for i = 1, rules do
-    local rule = rule_args('check', a0 + 3 + 5 * (i - 1))
+    local rule = rule_args('check', a0 + 3 + i)
     if cost > rule[4] then
       refuse_capacity(ARGV[a0 + 2], i)
     end

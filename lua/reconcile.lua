@@ -9,15 +9,14 @@
 -- KEYS[2]  the batch marker: KEYS[1] .. ':rc:' .. <batch id> (same hash tag,
 --          so the same Cluster slot).
 -- ARGV[1]  now in µs since the Unix epoch, or "0" to use the server's TIME.
--- ARGV[2]  algorithm code (1 GCRA, 2 token bucket, 3 sliding log, 4 sliding
---          window, 5 fixed window).
--- ARGV[3..6] limit, period_us, capacity, utc_offset_us (as in check.lua).
--- ARGV[7]  units admitted locally.
--- ARGV[8]  first_us, ARGV[9] last_us: when the first and the last of them were
+-- ARGV[2]  the rule: code:limit:period_us:capacity:utc_offset_us (as in
+--          check.lua).
+-- ARGV[3]  units admitted locally.
+-- ARGV[4]  first_us, ARGV[5] last_us: when the first and the last of them were
 --          admitted (µs since the epoch, the instance's clock). For the window
 --          algorithms both fall in one window.
--- ARGV[10] marker TTL in ms: how long a re-sent batch is recognised.
--- ARGV[11] batch id (also makes sliding-log members unique).
+-- ARGV[6]  marker TTL in ms: how long a re-sent batch is recognised.
+-- ARGV[7]  batch id (also makes sliding-log members unique).
 --
 -- Reply: { status, units_applied }, status 1 = applied now, 0 = this batch was
 -- already applied to this key (nothing changed), 2 = the units' window has
@@ -54,24 +53,24 @@
 --
 -- Example: 3 units of a 10-per-minute GCRA rule admitted locally, batch b1:
 --   EVALSHA <sha> 2 tl:{u}:api:g60000000 tl:{u}:api:g60000000:rc:b1
---     0 1 10 60000000 10 0 3 <first_us> <last_us> 120000 b1
+--     0 1:10:60000000:10:0 3 <first_us> <last_us> 120000 b1
 --   -> 1) 1  2) 3     (the same call again -> 1) 0  2) 0)
 
 if floor == nil then bind_std() end
 
 local key, marker = KEYS[1], KEYS[2]
-if #KEYS ~= 2 or #ARGV ~= 11 then
-  return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 11 arguments')
+if #KEYS ~= 2 or #ARGV ~= 7 then
+  return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 7 arguments')
 end
 -- Every argument is read and checked before the first write.
 int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
-local code, limit, period, capacity, offset = unpack(rule_args('reconcile', 1))
+local code, limit, period, capacity, offset = unpack(rule_args('reconcile', 2))
 -- Below 2^53, so units + 1 (the bisection's end) stays exact.
-local units = int_arg('reconcile', 'units', ARGV[7], 1, MAX_EXACT - 1)
-local first = int_arg('reconcile', 'first_us', ARGV[8], 0, MAX_EXACT)
-local last = int_arg('reconcile', 'last_us', ARGV[9], first, MAX_EXACT)
-local marker_ttl = format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[10], 1, MAX_TTL_MS))
-local batch = ARGV[11]
+local units = int_arg('reconcile', 'units', ARGV[3], 1, MAX_EXACT - 1)
+local first = int_arg('reconcile', 'first_us', ARGV[4], 0, MAX_EXACT)
+local last = int_arg('reconcile', 'last_us', ARGV[5], first, MAX_EXACT)
+local marker_ttl = format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[6], 1, MAX_TTL_MS))
+local batch = ARGV[7]
 if #batch == 0 or #batch > 512 then
   refuse('reconcile', 'the batch id must be 1 to 512 bytes')
 end

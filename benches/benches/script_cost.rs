@@ -141,8 +141,10 @@ fn main() {
                         cmd.arg(set.storage_key(&key, r));
                     }
                     cmd.arg("0").arg(1).arg(42);
+                    // The minimal scripts read each rule as its five
+                    // numbers, as tierlimit's did before stop 33.
                     for r in 0..set.rules().len() {
-                        for arg in set.script_args(r) {
+                        for arg in set.script_arg(r).split(':') {
                             cmd.arg(arg);
                         }
                     }

@@ -42,8 +42,8 @@
 //! arguments (see [`Peer::args`]): its key prefix, its argument order, the
 //! server's clock where the project uses it and the client's where it sends
 //! one (upstash: `now` in ms, read once per sample). tierlimit's side is
-//! `FCALL tierlimit_check_<id> 1 tl:{<key>}:peer:<rule> 0 1 42 <rule's five
-//! numbers>`, exactly what `RedisTier::check` sends for one check in
+//! `FCALL tierlimit_check_<id> 1 tl:{<key>}:peer:<rule> 0 1 42 <the rule's
+//! numbers joined by ':'>`, exactly what `RedisTier::check` sends for one check in
 //! Functions mode, with the library loaded by a `RedisTier`.
 //!
 //! A sample is `redis-benchmark -c 50 -r 10000 -P 1|16` of one side: 30,000
@@ -534,7 +534,7 @@ fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
         "42".into(),
         set.rules().len().to_string(),
     ]);
-    args.extend(set.script_args(0).iter().map(|s| s.to_string()));
+    args.push(set.script_arg(0).to_string());
     for _ in 0..BATCH {
         args.extend(["0".into(), "1".into()]);
     }
@@ -553,7 +553,7 @@ fn fcall_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
         "1".into(),
         "42".into(),
     ];
-    args.extend(set.script_args(0).iter().map(|s| s.to_string()));
+    args.push(set.script_arg(0).to_string());
     args
 }
 

@@ -597,7 +597,7 @@ impl Bench {
             "1".into(),
             "42".into(),
         ];
-        args.extend(set.script_args(0).iter().map(|s| s.to_string()));
+        args.push(set.script_arg(0).to_string());
         args
     }
 

@@ -326,7 +326,7 @@ fn main() {
                 cmd.arg(sha).arg(1);
                 cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
                 cmd.arg("0").arg(1).arg(42);
-                cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
+                cmd.arg("1:1000:1000000:1000:0");
                 let _: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
             }
         }
@@ -347,7 +347,7 @@ fn main() {
                     cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
                 }
                 cmd.arg(BATCH).arg(1).arg(42).arg(1);
-                cmd.arg(1).arg(1000).arg(1_000_000).arg(1000).arg(0);
+                cmd.arg("1:1000:1000000:1000:0");
                 for _ in 0..BATCH {
                     cmd.arg("0").arg(1);
                 }

@@ -1,5 +1,6 @@
 //! One limit over one period, checked by one algorithm.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -362,6 +363,45 @@ impl Rule {
             id.push_str(&format!("o{}", self.utc_offset_s));
         }
         id
+    }
+
+    /// The rule as the Redis scripts (`lua/check.lua`) read it: its five
+    /// numbers joined by `:`, in the scripts' order: algorithm
+    /// [code](Algorithm::code), limit, period in µs, capacity, UTC offset in
+    /// µs. One argument rather than five, because Redis pays for every
+    /// argument of a call; a [`RuleSet`](crate::RuleSet) formats it once
+    /// ([`RuleSet::script_arg`](crate::RuleSet::script_arg)). Returned as a
+    /// `Display`, so it can be written where it goes without a `String`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tierlimit_core::Rule;
+    ///
+    /// let rule = Rule::per_natural_day(1000, -8 * 3600)?;
+    /// assert_eq!(rule.script_arg().to_string(), "5:1000:86400000000:1000:-28800000000");
+    /// # Ok::<(), tierlimit_core::Error>(())
+    /// ```
+    pub fn script_arg(&self) -> impl fmt::Display + '_ {
+        ScriptArg(self)
+    }
+}
+
+/// [`Rule::script_arg`].
+struct ScriptArg<'a>(&'a Rule);
+
+impl fmt::Display for ScriptArg<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.0;
+        write!(
+            f,
+            "{}:{}:{}:{}:{}",
+            r.algorithm.code(),
+            r.limit,
+            r.period_us,
+            r.capacity(),
+            i64::from(r.utc_offset_s) * 1_000_000
+        )
     }
 }
 

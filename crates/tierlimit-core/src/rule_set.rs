@@ -45,9 +45,9 @@ struct Inner {
     identity_hash: u64,
     /// Unique to this value in the process (never reused): see [`RuleSet::id`].
     id: u64,
-    /// Per rule, the five numbers the check script reads, formatted once here
-    /// rather than on every check (see [`RuleSet::script_args`]).
-    script_args: Vec<[String; 5]>,
+    /// Per rule, the argument the check script reads, formatted once here
+    /// rather than on every check (see [`RuleSet::script_arg`]).
+    script_args: Vec<String>,
     policy: Option<Policy>,
     reconcile: Option<bool>,
     /// One set per stripe, each rule at its share (see
@@ -115,7 +115,7 @@ impl RuleSet {
         }
         let suffixes: Vec<String> = ids.iter().map(|id| format!(":{name}:{id}")).collect();
         let identity = suffixes.concat();
-        let script_args = rules.iter().map(script_args).collect();
+        let script_args = rules.iter().map(|r| r.script_arg().to_string()).collect();
         let max_cost = rules.iter().map(Rule::capacity).min().unwrap_or(0);
         Ok(RuleSet {
             inner: Arc::new(Inner {
@@ -447,11 +447,10 @@ impl RuleSet {
         &self.inner.suffixes[index]
     }
 
-    /// The five numbers the Redis check script (`lua/check.lua`) reads for
-    /// rule `index`, as decimal strings, in its order: algorithm
-    /// [code](crate::Algorithm::code), limit, period in µs, capacity, UTC
-    /// offset in µs. Formatted once when the set is built, since they never
-    /// change, so a check copies them instead of formatting them again.
+    /// [`Rule::script_arg`] of rule `index`: the argument the Redis check
+    /// script (`lua/check.lua`) reads for it. Formatted once when the set is
+    /// built, since it never changes, so a check copies it instead of
+    /// formatting it again.
     ///
     /// # Panics
     ///
@@ -463,23 +462,12 @@ impl RuleSet {
     /// use tierlimit_core::{Rule, RuleSet};
     ///
     /// let set = RuleSet::new("api", [Rule::per_natural_day(1000, -8 * 3600)?])?;
-    /// assert_eq!(set.script_args(0), ["5", "1000", "86400000000", "1000", "-28800000000"]);
+    /// assert_eq!(set.script_arg(0), "5:1000:86400000000:1000:-28800000000");
     /// # Ok::<(), tierlimit_core::Error>(())
     /// ```
-    pub fn script_args(&self, index: usize) -> [&str; 5] {
-        self.inner.script_args[index].each_ref().map(String::as_str)
+    pub fn script_arg(&self, index: usize) -> &str {
+        &self.inner.script_args[index]
     }
-}
-
-/// [`RuleSet::script_args`] of one rule.
-fn script_args(rule: &Rule) -> [String; 5] {
-    [
-        rule.algorithm().code().to_string(),
-        rule.limit().to_string(),
-        rule.period_micros().to_string(),
-        rule.capacity().to_string(),
-        (i64::from(rule.utc_offset_secs()) * 1_000_000).to_string(),
-    ]
 }
 
 fn next_id() -> u64 {

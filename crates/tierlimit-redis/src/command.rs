@@ -4,7 +4,7 @@
 //! A check is on every request's path, so its command is built without
 //! intermediate strings: redis-rs's `Cmd` holds the bytes of every argument in
 //! one buffer (plus one vector of where each ends), sized here up front; the
-//! storage keys are formatted into it and the rules' numbers are copied from
+//! storage keys are formatted into it and the rules' arguments are copied from
 //! what the [`RuleSet`] formatted once when it was built.
 
 use std::fmt;
@@ -26,7 +26,7 @@ const BATCH_CHECK_ARGS: usize = 2;
 /// The most bytes a `u64` takes in decimal.
 const U64_DIGITS: usize = 20;
 
-/// `<head> <numkeys> KEYS... now cost nonce (code limit period capacity offset)...`
+/// `<head> <numkeys> KEYS... now cost nonce rule...`
 /// for `set` (see `lua/check.lua`), `head` being `EVALSHA <sha>` or `FCALL
 /// <function>` of the check; `escaped_key` comes from
 /// [`escape_key`](tierlimit_core::escape_key), `now` is 0 for the server's time.
@@ -42,12 +42,9 @@ pub(crate) fn check(
     let keys_len: usize = (0..rules)
         .map(|i| StorageKey::new(set, escaped_key, i).len())
         .sum();
-    let rule_args_len: usize = (0..rules)
-        .flat_map(|i| set.script_args(i))
-        .map(str::len)
-        .sum();
+    let rule_args_len: usize = (0..rules).map(|i| set.script_arg(i).len()).sum();
     let mut cmd = Cmd::with_capacity(
-        3 + rules + CALL_ARGS + 5 * rules,
+        3 + rules + CALL_ARGS + rules,
         head.len() + U64_DIGITS * (1 + CALL_ARGS) + keys_len + rule_args_len,
     );
     head.write(&mut cmd);
@@ -58,14 +55,12 @@ pub(crate) fn check(
     }
     cmd.arg(now).arg(cost).arg(nonce);
     for i in 0..rules {
-        for arg in set.script_args(i) {
-            cmd.arg(arg);
-        }
+        cmd.arg(set.script_arg(i));
     }
     cmd
 }
 
-/// `<head> <numkeys> KEYS... n g nonce (rules (code limit period capacity offset)...)... ([set] now cost)...`
+/// `<head> <numkeys> KEYS... n g nonce (rules rule...)... ([set] now cost)...`
 /// of the batch script (or function: `head`) for `batch`, in order (see
 /// `lua/check_batch.lua`): each distinct rule set's numbers once, each check
 /// naming its set when there are several, one nonce for the call (the first
@@ -99,12 +94,11 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
         .map(|s| {
             U64_DIGITS
                 + (0..s.rules().len())
-                    .flat_map(|i| s.script_args(i))
-                    .map(str::len)
+                    .map(|i| s.script_arg(i).len())
                     .sum::<usize>()
         })
         .sum();
-    let set_args: usize = sets.iter().map(|s| 1 + 5 * s.rules().len()).sum();
+    let set_args: usize = sets.iter().map(|s| 1 + s.rules().len()).sum();
     let named = sets.len() > 1;
     let per_check = BATCH_CHECK_ARGS + usize::from(named);
     let mut cmd = Cmd::with_capacity(
@@ -123,9 +117,7 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
     for s in &sets {
         cmd.arg(s.rules().len());
         for i in 0..s.rules().len() {
-            for arg in s.script_args(i) {
-                cmd.arg(arg);
-            }
+            cmd.arg(s.script_arg(i));
         }
     }
     for (q, set) in batch.iter().zip(set_of) {
@@ -140,7 +132,7 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
 /// Whether the script reads the same numbers for `a` and `b`.
 fn same_numbers(a: &RuleSet, b: &RuleSet) -> bool {
     a.rules().len() == b.rules().len()
-        && (0..a.rules().len()).all(|i| a.script_args(i) == b.script_args(i))
+        && (0..a.rules().len()).all(|i| a.script_arg(i) == b.script_arg(i))
 }
 
 /// [`RuleSet::storage_key`], formatted where it is written.
@@ -212,11 +204,14 @@ mod tests {
             .arg(cost.to_string())
             .arg(nonce.to_string());
         for rule in rules {
-            cmd.arg(rule.algorithm().code().to_string())
-                .arg(rule.limit().to_string())
-                .arg(rule.period_micros().to_string())
-                .arg(rule.capacity().to_string())
-                .arg((i64::from(rule.utc_offset_secs()) * 1_000_000).to_string());
+            cmd.arg(format!(
+                "{}:{}:{}:{}:{}",
+                rule.algorithm().code(),
+                rule.limit(),
+                rule.period_micros(),
+                rule.capacity(),
+                i64::from(rule.utc_offset_secs()) * 1_000_000
+            ));
         }
         cmd
     }

@@ -71,9 +71,9 @@ pub(crate) fn reconcile_cmd(
     now_arg: u64,
     local_now_us: u64,
 ) -> Cmd {
-    /// Numbers among the arguments, each at most 20 digits (a `u64`).
-    const NUMBERS: usize = 11;
-    let rule = &entry.rule;
+    /// Numbers among the arguments (the rule's five among them, with the
+    /// colons between them), each at most 20 digits (a `u64`).
+    const NUMBERS: usize = 10;
     let (units, first_us) = newest_that_matter(entry);
     let marker_ms = entry
         .expires_at_us()
@@ -81,20 +81,17 @@ pub(crate) fn reconcile_cmd(
         .div_ceil(1_000)
         .saturating_add(MARKER_MARGIN_MS);
     let key = &entry.storage_key;
+    // The head's two, numkeys, two keys and seven arguments.
     let mut cmd = Cmd::with_capacity(
-        5 + NUMBERS,
-        head.len() + 2 * key.len() + MARKER.len() + 2 * batch_id.len() + 20 * NUMBERS,
+        12,
+        head.len() + 2 * key.len() + MARKER.len() + 2 * batch_id.len() + 21 * NUMBERS,
     );
     head.write(&mut cmd);
     cmd.arg(2).arg(key);
     cmd.write_arg_fmt(format_args!("{key}{MARKER}{batch_id}"));
-    cmd.arg(now_arg)
-        .arg(rule.algorithm().code())
-        .arg(rule.limit())
-        .arg(rule.period_micros())
-        .arg(rule.capacity())
-        .arg(i64::from(rule.utc_offset_secs()) * 1_000_000)
-        .arg(units)
+    cmd.arg(now_arg);
+    cmd.write_arg_fmt(entry.rule.script_arg());
+    cmd.arg(units)
         .arg(first_us)
         .arg(entry.last_us)
         .arg(marker_ms)

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisWrite, Value};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tierlimit_core::{LedgerEntry, Rule, RuleSet, escape_key};
 use tierlimit_redis::{CHECK, RECONCILE, RedisTier, RedisTierConfig, WriteBack};
@@ -85,11 +85,14 @@ fn evalsha(key: &str, set: &RuleSet) -> Cmd {
     }
     cmd.arg("0").arg(1).arg(12_345u64);
     for rule in rules {
-        cmd.arg(rule.algorithm().code())
-            .arg(rule.limit())
-            .arg(rule.period_micros())
-            .arg(rule.capacity())
-            .arg(i64::from(rule.utc_offset_secs()) * 1_000_000);
+        cmd.write_arg_fmt(format_args!(
+            "{}:{}:{}:{}:{}",
+            rule.algorithm().code(),
+            rule.limit(),
+            rule.period_micros(),
+            rule.capacity(),
+            i64::from(rule.utc_offset_secs()) * 1_000_000
+        ));
     }
     cmd
 }
@@ -219,11 +222,7 @@ async fn a_healthy_check_allocates_only_what_its_key_and_reply_need() {
             .arg(&storage_key)
             .arg(format!("{storage_key}:rc:wb-1"))
             .arg("0")
-            .arg(1)
-            .arg(set.rules()[0].limit())
-            .arg(set.rules()[0].period_micros())
-            .arg(set.rules()[0].capacity())
-            .arg(0)
+            .arg(set.script_arg(0))
             .arg(1)
             .arg(now_us)
             .arg(now_us)

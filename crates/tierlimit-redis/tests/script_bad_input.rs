@@ -28,6 +28,8 @@ const GCRA_KEY: &str = "tl:{u}:api:g60000000";
 const LOG_KEY: &str = "tl:{u}:api:l60000000";
 
 /// A valid call: GCRA 10 per minute and a sliding log 10 per minute, cost 1.
+/// Each rule is written as its five numbers, one per item, so a test can
+/// spoil one of them; [`wire`] joins them as the scripts take them.
 fn good_check() -> (Vec<String>, Vec<String>) {
     let keys = vec![GCRA_KEY.to_string(), LOG_KEY.to_string()];
     let args = [
@@ -91,7 +93,35 @@ async fn library_function(server: &RedisServer, wanted: impl Fn(&str) -> bool) -
         .expect("the library's function is loaded")
 }
 
+/// `args` as a script takes them: the first `head` as they are, then each
+/// rule's five numbers joined by ':' (`lua/check.lua`), then, when `tail`,
+/// the rest as they are after one rule.
+fn wire(args: &[String], head: usize, tail: bool) -> Vec<String> {
+    let (front, rest) = args.split_at(head.min(args.len()));
+    let mut out = front.to_vec();
+    if tail {
+        let (rule, after) = rest.split_at(5.min(rest.len()));
+        out.push(rule.join(":"));
+        out.extend_from_slice(after);
+    } else {
+        out.extend(rest.chunks(5).map(|rule| rule.join(":")));
+    }
+    out
+}
+
+/// Calls the check `way` with `args` (now, cost, nonce, then five numbers per
+/// rule: see [`wire`]).
 async fn run_check_as(
+    way: &Way,
+    conn: &mut MultiplexedConnection,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<redis::Value> {
+    run_wire_as(way, conn, keys, &wire(args, 3, false)).await
+}
+
+/// Calls the check `way` with `args` as they are.
+async fn run_wire_as(
     way: &Way,
     conn: &mut MultiplexedConnection,
     keys: &[String],
@@ -148,8 +178,9 @@ async fn snapshot(conn: &mut MultiplexedConnection) -> Vec<(String, Option<Vec<u
     out
 }
 
-/// Calls the check script with `args` changed at `index` (into ARGV, 0-based)
-/// to `value`, and asserts a refusal naming `expect` that wrote nothing.
+/// Calls the check script with `args` changed at `index` (into
+/// [`good_check`]'s items, 0-based) to `value`, and asserts a refusal naming
+/// `expect` that wrote nothing.
 async fn refused(
     way: &Way,
     conn: &mut MultiplexedConnection,
@@ -252,6 +283,23 @@ async fn bad_numbers_are_refused(
     }
     refused(way, conn, 1, "1 ", "cost").await;
     refused(way, conn, 1, "+1", "cost").await;
+    // A rule is one argument of exactly five numbers joined by ':': six
+    // (a ':' inside a number), four, or none are refused.
+    refused(way, conn, 4, "10:5", "code:limit:period_us").await;
+    let keys = good_check().0;
+    for rule in ["1:10:60000000:10", "", "1:10:60000000:10:0:0"] {
+        let args = ["0", "1", "42", "1:10:60000000:10:0", rule].map(String::from);
+        let before = snapshot(conn).await;
+        let err = run_wire_as(way, conn, &keys, &args)
+            .await
+            .expect_err(&format!("{way:?}: rule {rule:?} must be refused"));
+        assert!(
+            err.to_string()
+                .contains("a rule must be code:limit:period_us:capacity:utc_offset_us"),
+            "{way:?}: rule {rule:?}: {err}"
+        );
+        assert_eq!(snapshot(conn).await, before, "{way:?}: rule {rule:?} wrote");
+    }
     // Two arguments run together, the next one empty: the same text joined.
     let mut split = good_check().1;
     split[4] = "10 60000000".into();
@@ -282,8 +330,8 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
     let mut conn = server.conn().await;
     Way::both(&server).await;
     let batch = library_function(&server, |n| n.starts_with("tierlimit_check_batch_")).await;
-    let gcra = ["1", "1", "10", "60000000", "10", "0"]; // one rule: GCRA 10 per minute
-    let log = ["1", "3", "10", "60000000", "10", "0"]; // one rule: sliding log 10 per minute
+    let gcra = ["1", "1:10:60000000:10:0"]; // one rule: GCRA 10 per minute
+    let log = ["1", "3:10:60000000:10:0"]; // one rule: sliding log 10 per minute
     let call = |keys: &[&str], args: Vec<&str>| {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(&batch).arg(keys.len()).arg(keys).arg(args);
@@ -410,8 +458,21 @@ async fn requests_that_raise_in_a_batch_answer_alone_and_the_rest_are_decided() 
         .expect("HSET");
     // GCRA 10 per minute; five requests of cost 1, but the fourth's is 0.
     let args = [
-        "5", "1", "42", "1", "1", "10", "60000000", "10", "0", "0", "1", "0", "1", "0", "1", "0",
-        "0", "0", "1",
+        "5",
+        "1",
+        "42",
+        "1",
+        "1:10:60000000:10:0",
+        "0",
+        "1",
+        "0",
+        "1",
+        "0",
+        "1",
+        "0",
+        "0",
+        "0",
+        "1",
     ];
     let before = snapshot(&mut conn).await;
     let mut call = redis::cmd("FCALL");
@@ -499,7 +560,8 @@ async fn one_key_under_two_algorithms_writes_nothing() {
     assert_eq!(snapshot(&mut conn).await, before, "nothing was written");
 }
 
-/// A valid reconcile call: 3 units of the GCRA rule, admitted a second ago.
+/// A valid reconcile call: 3 units of the GCRA rule, admitted a second ago
+/// (the rule as its five numbers, joined by [`run_reconcile`]).
 fn good_reconcile(batch: &str) -> (Vec<String>, Vec<String>) {
     let keys = vec![GCRA_KEY.to_string(), format!("{GCRA_KEY}:rc:{batch}")];
     let args = [
@@ -527,7 +589,7 @@ async fn run_reconcile(
     for k in keys {
         invocation.key(k);
     }
-    for a in args {
+    for a in &wire(args, 1, true) {
         invocation.arg(a);
     }
     invocation.invoke_async(conn).await
