@@ -17,9 +17,15 @@
 --          (one argument, not five: Redis pays for each argument about as
 --          much as for a few lines of Lua).
 --
--- Reply: an array of integers
---   { allowed (1/0), deciding rule (0-based), retry_after_us (0 when allowed),
---     now_us, then per rule i: remaining_i, reset_after_us_i }
+-- Reply: an array of integers, check_batch.lua's reply to a batch of this one
+-- request:
+--   one rule:   { now_us, retry_after_us (0: admitted), remaining,
+--                 reset_after_us }
+--   r rules:    { now_us, retry_after_us (0: admitted), deciding rule
+--                 (0-based), then per rule i: remaining_i, reset_after_us_i }
+-- A denial's retry-after is never 0, so it alone tells an admission. Each
+-- integer of a reply costs Redis about as much as an argument, so the reply
+-- holds nothing the caller can tell without it (one rule decides alone).
 -- Deciding rule: when denied, the denying rule with the longest retry-after;
 -- when allowed, the rule with the fewest remaining (ties: the lowest index).
 -- When allowed, remaining_i and reset_after_us_i describe rule i after this
@@ -54,7 +60,7 @@
 -- Example (redis-cli; <sha> is the SHA1 of the joined script): 10 per minute
 -- by GCRA for user-1, server time, cost 1, on an empty key:
 --   EVALSHA <sha> 1 tl:{user-1}:api:g60000000 0 1 42 1:10:60000000:10:0
---   -> 1) 1  2) 0  3) 0  4) <now_us>  5) 9  6) 6000000
+--   -> 1) <now_us>  2) 0  3) 9  4) 6000000
 
 if floor == nil then bind_std() end
 
@@ -62,12 +68,12 @@ local rules = #KEYS
 if rules == 0 or #ARGV ~= 3 + rules then
   return redis.error_reply('ERR tierlimit check: expected 3 arguments and one per key')
 end
--- One rule's reply comes as six values (see decide.lua), several rules' as
+-- One rule's reply comes as four values (see decide.lua), several rules' as
 -- one table; an error raised on the way becomes its reply (request_error).
-local ok, reply, rule, retry, now, remaining, reset = pcall(check_one, 0, rules, 0)
+local ok, reply, retry, remaining, reset = pcall(check_one, 0, rules, 0)
 if not ok then
   return request_error(reply)
-elseif rule == nil then
+elseif retry == nil then
   return reply
 end
-return { reply, rule, retry, now, remaining, reset }
+return { reply, retry, remaining, reset }

@@ -29,8 +29,8 @@
 --
 -- Reply: one flat array: the call's server time in µs (TIME, read at most
 -- once per call; 0 when no request asked for it), then the n replies in
--- order, each what check.lua would have answered alone less what the caller
--- knows already, in a row:
+-- order, each what check.lua would have answered alone less the server
+-- time, in a row:
 --   one rule:   retry_after_us (0: admitted), remaining, reset_after_us;
 --   r rules:    retry_after_us (0: admitted), deciding rule (0-based), then
 --               per rule i: remaining_i, reset_after_us_i;
@@ -159,18 +159,16 @@ local function run()
     end
     local now = now_s == '0' and server_now or call_now(now_s)
     if rules == 1 then
-      -- One rule's six values (decide.lua's decide_one): three of them.
-      local _, _, retry, _, remaining, reset = decide_one(k0, args[1], now, cost, request_nonce)
-      replies[o + 1], replies[o + 2], replies[o + 3] = retry, remaining, reset
+      replies[o + 1], replies[o + 2], replies[o + 3] = decide_one(k0, args[1], now, cost,
+        request_nonce)
       o = o + 3
     else
-      -- Several rules' table: all of it but allowed and now.
+      -- Several rules' table: all of it but the server time.
       local reply = decide(k0, rules, args, now, cost, request_nonce)
-      replies[o + 1], replies[o + 2] = reply[3], reply[2]
-      for i = 5, #reply do
-        replies[o + i - 2] = reply[i]
+      for i = 2, #reply do
+        replies[o + i - 1] = reply[i]
       end
-      o = o + #reply - 2
+      o = o + #reply - 1
     end
   end
 end

@@ -15,8 +15,8 @@
 --                             are ARGV[a0 + 1 ..]: now, cost, nonce, then one
 --                             per rule (check.lua's ARGV[1 ..] shifted by a0).
 --                             Returns check.lua's reply as a table, except
---                             for a set of one rule, whose six integers it
---                             returns as six values (no table of its own).
+--                             for a set of one rule, whose four integers it
+--                             returns as four values (no table of its own).
 --                             Bad input raises refuse()'s error before any
 --                             read; a key of another type raises WRONGTYPE
 --                             from its read, before any write.
@@ -26,7 +26,7 @@
 --                             most once per call: the requests of one batch
 --                             are decided at one server time.
 --
--- Example: check_one(0, #KEYS, 0) is check.lua's whole decision (its six
+-- Example: check_one(0, #KEYS, 0) is check.lua's whole decision (its four
 -- values made a table for a set of one rule).
 
 -- <alg>_check(key, now, cost, limit, period, capacity, offset) returns ok,
@@ -159,8 +159,9 @@ local function request_error(err)
 end
 
 -- decide() for a rule set of one rule (the common case), without the
--- per-rule tables: the same reply, the rule being the deciding one, as six
--- values instead of a table.
+-- per-rule tables: its reply less the server time (the rule being the
+-- deciding one) as three values instead of a table: retry-after (0:
+-- admitted), remaining, reset-after.
 local function decide_one(k0, a, now, cost, nonce)
   local code = a[1]
   local key = KEYS[k0 + 1]
@@ -170,9 +171,9 @@ local function decide_one(k0, a, now, cost, nonce)
   reading_key = 0
   if ok then
     COMMITS[code](key, now, cost, nonce, a, s1, s2, s3, s4, s5)
-    return 1, 0, 0, now, remaining, reset
+    return 0, remaining, reset
   end
-  return 0, 0, retry, now, remaining, reset
+  return retry, remaining, reset
 end
 
 -- Decides a request of two rules or more whose arguments passed the checks
@@ -194,19 +195,20 @@ local function decide(k0, rules, args, now, cost, nonce)
   end
   reading_key = 0
 
-  local reply = { 0, 0, 0, now }
+  -- { now, retry-after (0: admitted), deciding rule, (remaining_i,
+  -- reset_after_us_i)... }
+  local reply = { now, 0, 0 }
   if allowed then
-    reply[1] = 1
     local fewest = nil
     for i = 1, rules do
       local o = outcome[i]
       COMMITS[o[6]](KEYS[k0 + i], now, cost, nonce, args[i], o[7], o[8], o[9], o[10], o[11])
       if fewest == nil or o[2] < fewest then
         fewest = o[2]
-        reply[2] = i - 1
+        reply[3] = i - 1
       end
-      reply[3 + 2 * i] = o[2]
-      reply[4 + 2 * i] = o[3]
+      reply[2 + 2 * i] = o[2]
+      reply[3 + 2 * i] = o[3]
     end
   else
     local longest = nil
@@ -214,18 +216,18 @@ local function decide(k0, rules, args, now, cost, nonce)
       local o = outcome[i]
       if o[1] then
         -- Passed, but nothing is committed: report it as it stands.
-        reply[3 + 2 * i] = o[2] + cost
-        reply[4 + 2 * i] = o[5]
+        reply[2 + 2 * i] = o[2] + cost
+        reply[3 + 2 * i] = o[5]
       else
         if longest == nil or o[4] > longest then
           longest = o[4]
-          reply[2] = i - 1
+          reply[3] = i - 1
         end
-        reply[3 + 2 * i] = o[2]
-        reply[4 + 2 * i] = o[3]
+        reply[2 + 2 * i] = o[2]
+        reply[3 + 2 * i] = o[3]
       end
     end
-    reply[3] = longest
+    reply[2] = longest
   end
   return reply
 end
@@ -243,7 +245,8 @@ local function check_one(k0, rules, a0)
     if cost > rule[4] then
       refuse_capacity(ARGV[a0 + 2], 1)
     end
-    return decide_one(k0, rule, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+    local now = call_now(ARGV[a0 + 1])
+    return now, decide_one(k0, rule, now, cost, ARGV[a0 + 3])
   end
   local args = {}
   for i = 1, rules do

@@ -121,11 +121,12 @@ const CHECK_BATCH_SOURCE: &str = concat!(
 /// let reply: Vec<i64> = tierlimit_redis::CHECK
 ///     .key("tl:{user:42}:api:g1000000")
 ///     .arg("0").arg(1).arg(12345u64) // now (server TIME), cost, nonce
-///     .arg(1).arg(3).arg(1_000_000).arg(3).arg(0) // code, limit, period_us, capacity, offset_us
+///     .arg("1:3:1000000:3:0") // the rule: code:limit:period_us:capacity:utc_offset_us
 ///     .invoke_async(conn)
 ///     .await?;
-/// let (allowed, rule, retry_after_us) = (reply[0] == 1, reply[1], reply[2]);
-/// # let _ = (allowed, rule, retry_after_us);
+/// // One rule: the server time, retry-after (0: admitted), remaining, reset-after.
+/// let (allowed, remaining) = (reply[1] == 0, reply[2]);
+/// # let _ = (allowed, remaining);
 /// # Ok(()) }
 /// ```
 pub static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SOURCE));
@@ -170,7 +171,7 @@ const HEARTBEAT_SOURCE: &str = concat!(
 /// let (status, applied): (i64, i64) = tierlimit_redis::RECONCILE
 ///     .key(key)
 ///     .key(format!("{key}:rc:batch-1")) // the batch marker
-///     .arg("0").arg(1).arg(10).arg(60_000_000).arg(10).arg(0) // now, code, limit, period_us, capacity, offset_us
+///     .arg("0").arg("1:10:60000000:10:0") // now, the rule (as CHECK takes it)
 ///     .arg(4).arg(1_700_000_000_000_000u64).arg(1_700_000_001_000_000u64) // units, first_us, last_us
 ///     .arg(120_000).arg("batch-1") // marker TTL in ms, batch id
 ///     .invoke_async(conn)

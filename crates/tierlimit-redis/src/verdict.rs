@@ -69,15 +69,25 @@ impl<'a> CheckRequest<'a> {
     }
 }
 
-/// Reads the check script's reply (see `lua/check.lua`):
-/// `{allowed, rule, retry_after_us, now_us, (remaining_i, reset_after_us_i)...}`.
+/// Reads the check script's reply (see `lua/check.lua`): the server time,
+/// then the check's reply as the batch script gives it (see [`parse_batch`]).
 ///
 /// Read in place: the only allocation is the verdict's own list of rules.
 pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
-    match &reply {
-        Value::Array(items) | Value::Set(items) => parse_items(items, set),
-        other => Err(malformed(format!("not an array: {other:?}"))),
+    let items = match &reply {
+        Value::Array(items) | Value::Set(items) => items.as_slice(),
+        other => return Err(malformed(format!("not an array: {other:?}"))),
+    };
+    server_error(items)?;
+    let expected = 1 + reply_len(set);
+    if items.len() != expected {
+        return Err(malformed(format!(
+            "{} items for {} rules, expected {expected}",
+            items.len(),
+            set.rules().len()
+        )));
     }
+    parse_items(&items[1..], set, unsigned(items, 0)?)
 }
 
 /// Reads the batch script's reply (see `lua/check_batch.lua`): one flat
@@ -109,8 +119,7 @@ pub(crate) fn parse_batch<'s>(
             at += 1;
             continue;
         }
-        let rules = set.rules().len();
-        let len = if rules == 1 { 3 } else { 2 + 2 * rules };
+        let len = reply_len(set);
         let Some(part) = items.get(at..at + len) else {
             return Err(format!("{} items, too few for {count} checks", items.len()));
         };
@@ -119,7 +128,7 @@ pub(crate) fn parse_batch<'s>(
             (0, t) => t,
             (sent, _) => sent,
         };
-        results.push(parse_batch_items(part, set, time));
+        results.push(parse_items(part, set, time));
         at += len;
     }
     if at != items.len() {
@@ -132,46 +141,33 @@ pub(crate) fn parse_batch<'s>(
     Ok(results)
 }
 
-/// One check's reply, its items in a slice (see [`parse_verdict`]).
-fn parse_items(items: &[Value], set: &RuleSet) -> Result<Verdict> {
-    server_error(items)?;
-    let rules = set.rules().len();
-    if items.len() != 4 + 2 * rules {
-        return Err(malformed(format!(
-            "{} items for {rules} rules, expected {}",
-            items.len(),
-            4 + 2 * rules
-        )));
+/// The number of items of one check's reply under `set`, less the server
+/// time: `retry_after_us, remaining, reset_after_us` for one rule,
+/// `retry_after_us, rule, (remaining_i, reset_after_us_i)...` for more.
+fn reply_len(set: &RuleSet) -> usize {
+    match set.rules().len() {
+        1 => 3,
+        rules => 2 + 2 * rules,
     }
-    let allowed = match int(items, 0)? {
-        0 => false,
-        1 => true,
-        other => return Err(malformed(format!("allowed is {other}"))),
-    };
-    let server_time_us = unsigned(items, 3)?;
-    verdict(set, items, allowed, int(items, 1)?, 2, 4, server_time_us)
 }
 
-/// One check's reply inside a batch's (see [`parse_batch`]), decided at
-/// `server_time_us`: a retry-after of 0 is an admission.
-fn parse_batch_items(items: &[Value], set: &RuleSet, server_time_us: u64) -> Result<Verdict> {
+/// One check's reply (see [`reply_len`]), decided at `server_time_us`: a
+/// retry-after of 0 is an admission.
+fn parse_items(items: &[Value], set: &RuleSet, server_time_us: u64) -> Result<Verdict> {
     server_error(items)?;
-    let allowed = unsigned(items, 0)? == 0;
     if set.rules().len() == 1 {
-        return verdict(set, items, allowed, 0, 0, 1, server_time_us);
+        return verdict(set, items, 0, 1, server_time_us);
     }
-    verdict(set, items, allowed, int(items, 1)?, 0, 2, server_time_us)
+    verdict(set, items, int(items, 1)?, 2, server_time_us)
 }
 
-/// The verdict whose deciding rule is `deciding`, whose retry-after is item
-/// `retry` and whose rules' (remaining, reset-after) pairs start at item
-/// `states`.
+/// The verdict whose deciding rule is `deciding`, whose retry-after (0: an
+/// admission) is item 0 and whose rules' (remaining, reset-after) pairs
+/// start at item `states`.
 fn verdict(
     set: &RuleSet,
     items: &[Value],
-    allowed: bool,
     deciding: i64,
-    retry: usize,
     states: usize,
     server_time_us: u64,
 ) -> Result<Verdict> {
@@ -180,7 +176,7 @@ fn verdict(
         .ok()
         .filter(|r| *r < rules)
         .ok_or_else(|| malformed(format!("deciding rule {deciding} of {rules}")))?;
-    let retry_after = Duration::from_micros(unsigned(items, retry)?);
+    let retry_after = Duration::from_micros(unsigned(items, 0)?);
     let mut list = Vec::with_capacity(rules);
     for i in 0..rules {
         list.push(RuleState::new(
@@ -190,10 +186,7 @@ fn verdict(
     }
     let limit = set.rules()[rule].limit();
     let deciding = list[rule];
-    let decision = if allowed {
-        if !retry_after.is_zero() {
-            return Err(malformed("admitted with a retry-after".to_string()));
-        }
+    let decision = if retry_after.is_zero() {
         Decision::allowed(
             limit,
             deciding.remaining,
@@ -202,9 +195,6 @@ fn verdict(
             Tier::Redis,
         )
     } else {
-        if retry_after.is_zero() {
-            return Err(malformed("denied with a zero retry-after".to_string()));
-        }
         Decision::denied(limit, deciding.reset_after, retry_after, rule, Tier::Redis)
     };
     Ok(Verdict {
@@ -270,7 +260,7 @@ mod tests {
 
     #[test]
     fn reads_an_admission() {
-        let v = parse_verdict(reply(&[1, 1, 0, 1_000, 2, 333_334, 1, 48_000_000]), &set())
+        let v = parse_verdict(reply(&[1_000, 0, 1, 2, 333_334, 1, 48_000_000]), &set())
             .expect("well formed");
         assert!(v.decision.allowed);
         assert_eq!(v.decision.rule, 1);
@@ -286,11 +276,29 @@ mod tests {
 
     #[test]
     fn reads_a_denial() {
-        let v = parse_verdict(reply(&[0, 0, 250, 7, 0, 900, 3, 10]), &set()).expect("ok");
+        let v = parse_verdict(reply(&[7, 250, 0, 0, 900, 3, 10]), &set()).expect("ok");
         assert!(!v.decision.allowed);
         assert_eq!(v.decision.retry_after, Some(Duration::from_micros(250)));
         assert_eq!(v.decision.remaining, 0);
         assert_eq!(v.decision.reset_after, Duration::from_micros(900));
+        assert_eq!(v.server_time_us, 7);
+    }
+
+    /// A set of one rule: no deciding rule in the reply, and a retry-after
+    /// of 0 is the admission.
+    #[test]
+    fn reads_one_rules_reply() {
+        let one = one_rule();
+        let v = parse_verdict(reply(&[5, 0, 2, 333]), &one).expect("well formed");
+        assert!(v.decision.allowed);
+        assert_eq!((v.decision.rule, v.decision.remaining), (0, 2));
+        assert_eq!(v.decision.reset_after, Duration::from_micros(333));
+        assert_eq!(v.server_time_us, 5);
+        let v = parse_verdict(reply(&[5, 40, 0, 333]), &one).expect("well formed");
+        assert!(!v.decision.allowed);
+        assert_eq!(v.decision.retry_after, Some(Duration::from_micros(40)));
+        let err = parse_verdict(reply(&[5, 0, 2, 333, 1]), &one).expect_err("one item too many");
+        assert_eq!(err.redis_failure(), Some(RedisFailure::MalformedReply));
     }
 
     #[test]
@@ -300,8 +308,8 @@ mod tests {
                 .try_into()
                 .expect("a server error"),
         );
-        let mut items: Vec<Value> = (0..8).map(Value::Int).collect();
-        items[5] = oom;
+        let mut items: Vec<Value> = (0..7).map(Value::Int).collect();
+        items[4] = oom;
         let err = parse_verdict(Value::Array(items), &set()).expect_err("an error reply");
         assert_eq!(err.redis_failure(), Some(RedisFailure::OutOfMemory));
     }
@@ -309,18 +317,17 @@ mod tests {
     #[test]
     fn refuses_wrong_shapes() {
         let bad = [
-            reply(&[1, 0, 0, 1, 2, 3]),            // too short
-            reply(&[2, 0, 0, 1, 2, 3, 4, 5]),      // allowed not 0/1
-            reply(&[1, 2, 0, 1, 2, 3, 4, 5]),      // no rule 2
-            reply(&[1, 0, 0, 1, -2, 3, 4, 5]),     // negative remaining
-            reply(&[0, 0, 0, 1, 0, 3, 4, 5]),      // denied without a wait
-            reply(&[1, 0, 7, 1, 0, 3, 4, 5]),      // admitted with a wait
+            reply(&[1, 0, 0, 2, 3]),               // too short
+            reply(&[1, 0, 0, 2, 3, 4, 5, 6]),      // too long
+            reply(&[1, 0, 2, 2, 3, 4, 5]),         // no rule 2
+            reply(&[1, 0, 0, -2, 3, 4, 5]),        // negative remaining
+            reply(&[1, -7, 0, 2, 3, 4, 5]),        // negative retry-after
+            reply(&[-1, 0, 0, 2, 3, 4, 5]),        // negative server time
             Value::SimpleString("OK".to_string()), // not an array
             Value::Array(vec![
                 Value::Int(1),
                 Value::Nil,
                 Value::Int(0),
-                Value::Int(1),
                 Value::Int(2),
                 Value::Int(3),
                 Value::Int(4),
