@@ -4,8 +4,8 @@
 -- The main body of the batch script: the Rust side prepends common.lua, the
 -- algorithm files and decide.lua (check_one). Request j sees every write of
 -- requests 1 .. j-1, so a batch decides exactly what the same requests sent
--- one by one, in this order, would have been decided (at one server time: the
--- server's TIME is read once per call).
+-- one by one, in this order, would have been decided at the call's time (the
+-- server's TIME, read once per call, or the caller's now).
 --
 -- KEYS     the storage keys of request 1, then those of request 2, ... (each
 --          request's keys share one hash tag, so one Cluster slot; a batch
@@ -16,19 +16,21 @@
 --          per request.
 -- ARGV[3]  nonce, the call's (check.lua's ARGV[3]); request j's sliding-log
 --          members carry "<nonce>.<j>", unique within the call too.
+-- ARGV[4]  now_us, the call's ("0" for the server's TIME; check.lua's
+--          ARGV[1]): every request is decided at it.
 -- then per rule set s: its number of rules r_s (1 to 1000) and one
 --          argument per rule (code:limit:period_us:capacity:utc_offset_us),
 --          as check.lua takes them;
 -- then per request j: its rule set s_j (1 to g; only when g > 1: with one
---          rule set every request is under it), now_us ("0" for the
---          server's TIME) and cost (check.lua's ARGV[1..2]).
+--          rule set every request is under it) and cost (check.lua's
+--          ARGV[2]).
 --
 -- Each argument costs the server about as much as a few lines of Lua (Redis
 -- parses it, makes an object of it and a Lua string), so a request carries
--- no more than it must: two arguments with one rule set, three with more.
+-- no more than it must: one argument with one rule set, two with more.
 --
--- Reply: one flat array: the call's server time in µs (TIME, read at most
--- once per call; 0 when no request asked for it), then the n replies in
+-- Reply: one flat array: the call's time in µs (the server's TIME or the
+-- caller's now_us), then the n replies in
 -- order, each what check.lua would have answered alone less the server
 -- time, in a row:
 --   one rule:   retry_after_us (0: admitted), remaining, reset_after_us;
@@ -37,8 +39,7 @@
 -- or in their place the one error reply check.lua would have answered (bad
 -- input, a key of another type, a failed write). A request's error does not
 -- stop the others. A denial's retry-after is never 0, so it alone tells an
--- admission; a request decided at the server's time was decided at the
--- call's, and one that sent its now was decided at it. Every integer of a
+-- admission. Every integer of a
 -- reply costs Redis about as much as an argument (callgrind, 16 one-rule
 -- fixed-window requests per call: 3 integers each instead of 6 took a
 -- request from 45,800 to 43,500 instructions).
@@ -54,8 +55,8 @@
 -- "ERR tierlimit check batch: ...".
 --
 -- Example (redis-cli): two requests under one GCRA rule, 10 per minute:
---   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1 7
---     1 1:10:60000000:10:0   0 1   0 1
+--   EVALSHA <sha> 2 tl:{a}:api:g60000000 tl:{b}:api:g60000000 2 1 7 0
+--     1 1:10:60000000:10:0   1   1
 --   -> 1) <now_us>  2) 0  3) 9  4) 6000000  5) 0  6) 9  7) 6000000
 
 if floor == nil then bind_std() end
@@ -64,13 +65,17 @@ local n = int_seen('check batch', 'the number of requests', ARGV[1], 1000)
 local g = int_seen('check batch', 'the number of rule sets', ARGV[2], n)
 local nonce = ARGV[3]
 check_nonce('check batch', nonce)
+local now_s = ARGV[4]
+if now_s ~= '0' then
+  int_arg('check batch', 'now_us', now_s, 0, MAX_EXACT)
+end
 
 -- Rule set s: { rules, args, nil, logs } once its numbers passed check.lua's
 -- checks, logs being whether a rule is a sliding log (which needs a nonce of
 -- its own per request); { rules, nil, error } when they did not (each of its
 -- requests answers it).
 local sets = {}
-local a = 3
+local a = 4
 for s = 1, g do
   local rules = int_seen('check batch', 'the rules of rule set', ARGV[a + 1], 1000, s)
   local ok, args = pcall(rule_list, a + 1, rules)
@@ -105,21 +110,21 @@ for j = 1, n do
       1, g)
   end
   k_end = k_end + sets[s][1]
-  a_end = a_end + 2
+  a_end = a_end + 1
 end
 if k_end ~= #KEYS or a_end ~= #ARGV then
   return redis.error_reply('ERR tierlimit check batch: ' .. n .. ' requests name ' .. k_end
     .. ' keys and ' .. a_end .. ' arguments, but the call has ' .. #KEYS .. ' and ' .. #ARGV)
 end
 
--- replies[1], the call's server time, is known once every request is decided.
-local replies, o = { 0 }, 1
+local now = call_now(now_s)
+local replies, o = { now }, 1
 -- The request under way (j) and where the keys (k) and arguments (a) of the
 -- requests before it end.
 local j, k = 0, 0
 
 -- Decides requests j + 1 .. n, each checked and decided as check.lua would
--- alone (its keys, now and cost first, then its rule set's numbers, then each
+-- alone (its keys and cost first, then its rule set's numbers, then each
 -- capacity), and adds each one's reply. A request that raises leaves j at it
 -- and writes no reply: the loop below answers its error and runs the rest.
 -- One pcall per batch, not per request, as long as no request raises: a
@@ -133,18 +138,15 @@ local function run()
       s = set_of[ARGV[a]] or tonumber(ARGV[a])
     end
     local set = sets[s]
-    local k0, a0, rules, args = k, a, set[1], set[2]
-    k, a = k + rules, a + 2
+    local k0, rules, args = k, set[1], set[2]
+    k, a = k + rules, a + 1
     if rules > 1 then
       check_keys(k0, rules)
     end
-    -- check_call_args and call_now, called only when their memos miss: a
-    -- Lua call costs Redis about 1 % of a batched check.
-    local now_s, cost_s = ARGV[a0 + 1], ARGV[a0 + 2]
-    local cost = INTS_SEEN and INTS_SEEN[cost_s]
-    if not cost or now_s ~= '0' then
-      cost = check_call_args(now_s, cost_s)
-    end
+    -- int_seen, called only when the memo misses: a Lua call costs Redis
+    -- about 1 % of a batched check.
+    local cost_s = ARGV[a]
+    local cost = INTS_SEEN and INTS_SEEN[cost_s] or int_seen('check', 'cost', cost_s, MAX_LIMIT)
     if args == nil then
       error(set[3])
     end
@@ -157,7 +159,6 @@ local function run()
     if set[4] then
       request_nonce = nonce .. '.' .. j
     end
-    local now = now_s == '0' and server_now or call_now(now_s)
     if rules == 1 then
       replies[o + 1], replies[o + 2], replies[o + 3] = decide_one(k0, args[1], now, cost,
         request_nonce)
@@ -181,5 +182,4 @@ while true do
   o = o + 1
   replies[o] = request_error(err)
 end
-replies[1] = server_now or 0
 return replies

@@ -520,8 +520,8 @@ fn library_function(prefix: &str) -> String {
     name
 }
 
-/// `FCALL <batch function> 16 <16 storage keys> 16 1 42 <the set's rules>
-/// then per check 0 1`: what the tier sends for a batch of `BATCH` checks of
+/// `FCALL <batch function> 16 <16 storage keys> 16 1 42 0 <the set's rules>
+/// then per check 1`: what the tier sends for a batch of `BATCH` checks of
 /// one rule set at server time, cost 1 (see lua/check_batch.lua).
 /// Every key holds `__rand_int__`, which redis-benchmark draws anew for each
 /// occurrence: `BATCH` random users.
@@ -532,12 +532,11 @@ fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
         BATCH.to_string(),
         "1".into(),
         "42".into(),
+        "0".into(),
         set.rules().len().to_string(),
     ]);
     args.push(set.script_arg(0).to_string());
-    for _ in 0..BATCH {
-        args.extend(["0".into(), "1".into()]);
-    }
+    args.extend((0..BATCH).map(|_| "1".to_string()));
     args
 }
 

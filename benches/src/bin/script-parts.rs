@@ -346,10 +346,10 @@ fn main() {
                     serial += 1;
                     cmd.arg(format!("tl:{{k:{serial:012}}}:parts:g1000000"));
                 }
-                cmd.arg(BATCH).arg(1).arg(42).arg(1);
+                cmd.arg(BATCH).arg(1).arg(42).arg("0").arg(1);
                 cmd.arg("1:1000:1000000:1000:0");
                 for _ in 0..BATCH {
-                    cmd.arg("0").arg(1);
+                    cmd.arg(1);
                 }
                 let reply: redis::Value = cmd.query(&mut conn).expect("EVALSHA");
                 if v == 0 || v == batch_function {

@@ -20,8 +20,8 @@ use crate::script::Head;
 const CALL_ARGS: usize = 3;
 
 /// Arguments the batch script takes per check besides its keys and, when the
-/// batch holds several rule sets, the check's set: now, cost.
-const BATCH_CHECK_ARGS: usize = 2;
+/// batch holds several rule sets, the check's set: its cost.
+const BATCH_CHECK_ARGS: usize = 1;
 
 /// The most bytes a `u64` takes in decimal.
 const U64_DIGITS: usize = 20;
@@ -60,11 +60,12 @@ pub(crate) fn check(
     cmd
 }
 
-/// `<head> <numkeys> KEYS... n g nonce (rules rule...)... ([set] now cost)...`
+/// `<head> <numkeys> KEYS... n g nonce now (rules rule...)... ([set] cost)...`
 /// of the batch script (or function: `head`) for `batch`, in order (see
 /// `lua/check_batch.lua`): each distinct rule set's numbers once, each check
 /// naming its set when there are several, one nonce for the call (the first
-/// check's).
+/// check's) and one now, at which every check is decided: 0 (the server's
+/// time) when the checks' are, else the latest of them (a client clock's).
 pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
     // Sets are told apart by their numbers (what the script reads), so two
     // sets of equal rules share one entry. Few sets per batch: a linear scan.
@@ -102,8 +103,8 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
     let named = sets.len() > 1;
     let per_check = BATCH_CHECK_ARGS + usize::from(named);
     let mut cmd = Cmd::with_capacity(
-        6 + keys + set_args + batch.len() * per_check,
-        head.len() + 4 * U64_DIGITS + keys_len + sets_len + batch.len() * U64_DIGITS * per_check,
+        7 + keys + set_args + batch.len() * per_check,
+        head.len() + 5 * U64_DIGITS + keys_len + sets_len + batch.len() * U64_DIGITS * per_check,
     );
     head.write(&mut cmd);
     cmd.arg(keys);
@@ -113,7 +114,8 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
         }
     }
     let nonce = batch.first().map_or(0, |q| q.nonce);
-    cmd.arg(batch.len()).arg(sets.len()).arg(nonce);
+    let now = batch.iter().map(|q| q.now).max().unwrap_or(0);
+    cmd.arg(batch.len()).arg(sets.len()).arg(nonce).arg(now);
     for s in &sets {
         cmd.arg(s.rules().len());
         for i in 0..s.rules().len() {
@@ -124,7 +126,7 @@ pub(crate) fn check_batch(head: Head, batch: &[Queued]) -> Cmd {
         if named {
             cmd.arg(set + 1);
         }
-        cmd.arg(q.now).arg(q.cost);
+        cmd.arg(q.cost);
     }
     cmd
 }

@@ -532,7 +532,7 @@ impl RedisTier {
                     send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
-            match reply.map(|r| parse_batch(r, batch.iter().map(|q| (&q.set, q.now)))) {
+            match reply.map(|r| parse_batch(r, batch.iter().map(|q| &q.set))) {
                 Ok(Ok(results)) => results,
                 Ok(Err(what)) => {
                     let what = format!("batch script answered {what} for {} checks", batch.len());

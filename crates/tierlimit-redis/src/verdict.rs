@@ -91,29 +91,28 @@ pub(crate) fn parse_verdict(reply: Value, set: &RuleSet) -> Result<Verdict> {
 }
 
 /// Reads the batch script's reply (see `lua/check_batch.lua`): one flat
-/// array, the call's server time first (0 when no check asked for it), then
+/// array, the call's time first (at which every check was decided), then
 /// each check's reply in a row, `retry_after_us, remaining, reset_after_us`
 /// for a set of one rule and `retry_after_us, rule, (remaining_i,
-/// reset_after_us_i)...` for more, or one error in their place. `checks`
-/// are the batch's checks in order: each one's set and the `now` it sent (0
-/// for the server's time). One result per check, or what did not add up, for
-/// every check of the call.
+/// reset_after_us_i)...` for more, or one error in their place. `sets` are
+/// the batch's checks' sets, in order. One result per check, or what did not
+/// add up, for every check of the call.
 pub(crate) fn parse_batch<'s>(
     reply: Value,
-    checks: impl ExactSizeIterator<Item = (&'s RuleSet, u64)>,
+    sets: impl ExactSizeIterator<Item = &'s RuleSet>,
 ) -> std::result::Result<Vec<Result<Verdict>>, String> {
     let items = match &reply {
         Value::Array(items) => items.as_slice(),
         other => return Err(format!("not an array: {other:?}")),
     };
-    let call_time = match items.first() {
-        Some(Value::Int(t)) => u64::try_from(*t).map_err(|_| format!("server time {t}"))?,
-        other => return Err(format!("no server time first: {other:?}")),
+    let time = match items.first() {
+        Some(Value::Int(t)) if *t > 0 => *t as u64,
+        other => return Err(format!("no time first: {other:?}")),
     };
-    let count = checks.len();
+    let count = sets.len();
     let mut results = Vec::with_capacity(count);
     let mut at = 1;
-    for (set, now) in checks {
+    for set in sets {
         if let Some(Value::ServerError(e)) = items.get(at) {
             results.push(Err(classify_server(e.clone())));
             at += 1;
@@ -122,11 +121,6 @@ pub(crate) fn parse_batch<'s>(
         let len = reply_len(set);
         let Some(part) = items.get(at..at + len) else {
             return Err(format!("{} items, too few for {count} checks", items.len()));
-        };
-        let time = match (now, call_time) {
-            (0, 0) => return Err("no server time for a check at the server's time".into()),
-            (0, t) => t,
-            (sent, _) => sent,
         };
         results.push(parse_items(part, set, time));
         at += len;
@@ -355,8 +349,8 @@ mod tests {
     #[test]
     fn a_batch_reply_is_read_check_by_check_by_each_sets_rules() {
         let (one, two) = (one_rule(), set());
-        // The call's server time, then: one rule admitted (retry 0); two
-        // rules, denied by rule 1 for 40 µs.
+        // The call's time, then: one rule admitted (retry 0); two rules,
+        // denied by rule 1 for 40 µs.
         let mut items: Vec<Value> = [7, 0, 2, 333_334]
             .into_iter()
             .chain([40, 1, 1, 5, 0, 60])
@@ -364,10 +358,9 @@ mod tests {
             .collect();
         // The third check failed alone: one error where its replies would be.
         items.push(oom());
-        // The last sent its own time (client-time mode): that is its time.
         items.extend([0, 1, 666_667].map(Value::Int));
-        let checks = [(&one, 0), (&two, 0), (&two, 0), (&one, 8)];
-        let results = parse_batch(Value::Array(items), checks.into_iter()).expect("adds up");
+        let sets = [&one, &two, &two, &one];
+        let results = parse_batch(Value::Array(items), sets.into_iter()).expect("adds up");
         assert_eq!(results.len(), 4);
         let first = results[0].as_ref().expect("admitted");
         assert!(first.decision.allowed);
@@ -385,8 +378,9 @@ mod tests {
             results[2].as_ref().expect_err("the error").redis_failure(),
             Some(RedisFailure::OutOfMemory)
         );
+        // Every check was decided at the call's time.
         let last = results[3].as_ref().expect("admitted");
-        assert_eq!((last.decision.remaining, last.server_time_us), (1, 8));
+        assert_eq!((last.decision.remaining, last.server_time_us), (1, 7));
     }
 
     #[test]
@@ -401,15 +395,16 @@ mod tests {
         let short = with_time(&[three()]);
         let long = with_time(&[three(), three()]);
         for (items, checks) in [(short, 2), (long, 1)] {
-            let checks = vec![(&one, 0); checks];
-            assert!(parse_batch(Value::Array(items), checks.into_iter()).is_err());
+            let sets = vec![&one; checks];
+            assert!(parse_batch(Value::Array(items), sets.into_iter()).is_err());
         }
-        // No server time first (the check's items alone), or a negative one.
+        // No time first (the check's items alone), or a zero or negative one.
         let untimed: Vec<Value> = three().to_vec();
+        let zero: Vec<Value> = std::iter::once(Value::Int(0)).chain(three()).collect();
         let negative: Vec<Value> = std::iter::once(Value::Int(-1)).chain(three()).collect();
-        for items in [untimed, negative] {
-            assert!(parse_batch(Value::Array(items), [(&one, 0)].into_iter()).is_err());
+        for items in [untimed, zero, negative] {
+            assert!(parse_batch(Value::Array(items), [&one].into_iter()).is_err());
         }
-        assert!(parse_batch(Value::Okay, [(&one, 0)].into_iter()).is_err());
+        assert!(parse_batch(Value::Okay, [&one].into_iter()).is_err());
     }
 }

@@ -338,37 +338,41 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
         cmd
     };
     let two = ["tl:{a}:api:g60000000", "tl:{b}:api:l60000000"];
-    // n, g, nonce; one set, so each request is now and cost.
-    let good = [&["2", "1", "42"][..], &gcra, &["0", "1", "0", "1"]].concat();
+    // n, g, nonce, now; one set, so each request is its cost.
+    let good = [&["2", "1", "42", "0"][..], &gcra, &["1", "1"]].concat();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         // A request naming its set with one set in the call: one argument too many each.
         (
-            [
-                &["2", "1", "42"][..],
-                &gcra,
-                &["1", "0", "1", "1", "0", "1"],
-            ]
-            .concat(),
+            [&["2", "1", "42", "0"][..], &gcra, &["1", "1", "1", "1"]].concat(),
             "arguments",
         ),
         // A request short of its cost.
         (
-            [&["2", "1", "42"][..], &gcra, &["0", "1", "0"]].concat(),
+            [&["2", "1", "42", "0"][..], &gcra, &["1"]].concat(),
             "arguments",
         ),
         // The nonce empty, or missing (the call ends before it).
         (
-            [&["2", "1", ""][..], &gcra, &["0", "1", "0", "1"]].concat(),
+            [&["2", "1", "", "0"][..], &gcra, &["1", "1"]].concat(),
             "nonce",
         ),
         (vec!["2", "1"], "nonce"),
+        // The call's now: one for all its requests, checked first.
+        (
+            [&["2", "1", "42", "-5"][..], &gcra, &["1", "1"]].concat(),
+            "now_us",
+        ),
+        (
+            [&["2", "1", "42", "1e15"][..], &gcra, &["1", "1"]].concat(),
+            "now_us",
+        ),
         // Two sets: every request names one of them, 1 or 2.
         (
             [
-                &["2", "2", "42"][..],
+                &["2", "2", "42", "0"][..],
                 &gcra,
                 &log,
-                &["1", "0", "1", "3", "0", "1"],
+                &["1", "1", "3", "1"],
             ]
             .concat(),
             "rule set of request 2",
@@ -394,10 +398,10 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
         (
             &two,
             [
-                &["2", "2", "42"][..],
+                &["2", "2", "42", "0"][..],
                 &gcra,
                 &log,
-                &["1", "0", "1", "2", "0", "1"],
+                &["1", "1", "2", "1"],
             ]
             .concat(),
             (8, 9),
@@ -418,7 +422,7 @@ async fn a_batch_that_does_not_add_up_is_refused_before_any_write() {
     // costs by their text): as the rule sets of one request it is still
     // refused, and nothing is written.
     let before = snapshot(&mut conn).await;
-    let args = [&["1", "2", "42"][..], &gcra, &log, &["1", "0", "1"]].concat();
+    let args = [&["1", "2", "42", "0"][..], &gcra, &log, &["1", "1"]].concat();
     let err = call(&two[..1], args.clone())
         .query_async::<redis::Value>(&mut conn)
         .await
@@ -461,16 +465,12 @@ async fn requests_that_raise_in_a_batch_answer_alone_and_the_rest_are_decided() 
         "5",
         "1",
         "42",
+        "0",
         "1",
         "1:10:60000000:10:0",
-        "0",
         "1",
-        "0",
         "1",
-        "0",
         "1",
-        "0",
-        "0",
         "0",
         "1",
     ];
