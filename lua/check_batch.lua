@@ -30,19 +30,18 @@
 -- no more than it must: one argument with one rule set, two with more.
 --
 -- Reply: one flat array: the call's time in µs (the server's TIME or the
--- caller's now_us), then the n replies in
--- order, each what check.lua would have answered alone less the server
--- time, in a row:
+-- caller's now_us), then the n replies in order, each what check.lua would
+-- have answered alone less that time, in a row:
 --   one rule:   retry_after_us (0: admitted), remaining, reset_after_us;
 --   r rules:    retry_after_us (0: admitted), deciding rule (0-based), then
 --               per rule i: remaining_i, reset_after_us_i;
 -- or in their place the one error reply check.lua would have answered (bad
 -- input, a key of another type, a failed write). A request's error does not
 -- stop the others. A denial's retry-after is never 0, so it alone tells an
--- admission. Every integer of a
--- reply costs Redis about as much as an argument (callgrind, 16 one-rule
--- fixed-window requests per call: 3 integers each instead of 6 took a
--- request from 45,800 to 43,500 instructions).
+-- admission. Every integer of a reply costs Redis about as much as an
+-- argument (callgrind, 16 one-rule fixed-window requests per call: 3
+-- integers each instead of 6 took a request from 45,800 to 43,500
+-- instructions).
 -- One array, not one per request: Redis turns each table of a reply into
 -- RESP by first asking it for its special fields (err, ok, double, ...) and
 -- then writing its length after its items (luaReplyToRedisReply in Redis'

@@ -228,8 +228,11 @@ fn main() {
 }
 
 /// A minimal script of each algorithm, in code order, with the check
-/// script's keys and arguments (KEYS: one per rule; ARGV: now, cost, nonce,
-/// then code, limit, period_us, capacity, offset_us per rule): per rule one
+/// script's keys and arguments as they were before stop 33 (KEYS: one per
+/// rule; ARGV: now, cost, nonce, then code, limit, period_us, capacity,
+/// offset_us per rule, each rule's numbers apart; kept as they were, so the
+/// baseline did not change when tierlimit's check took each rule as one
+/// argument): per rule one
 /// read and one write with its expiry (the sliding log: trim, count, add,
 /// expire), every rule checked before any is written, server time, no
 /// argument checks, a reply of 4 integers.
