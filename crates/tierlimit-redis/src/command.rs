@@ -206,14 +206,7 @@ mod tests {
             .arg(cost.to_string())
             .arg(nonce.to_string());
         for rule in rules {
-            cmd.arg(format!(
-                "{}:{}:{}:{}:{}",
-                rule.algorithm().code(),
-                rule.limit(),
-                rule.period_micros(),
-                rule.capacity(),
-                i64::from(rule.utc_offset_secs()) * 1_000_000
-            ));
+            cmd.arg(rule.script_arg().to_string());
         }
         cmd
     }

@@ -85,14 +85,7 @@ fn evalsha(key: &str, set: &RuleSet) -> Cmd {
     }
     cmd.arg("0").arg(1).arg(12_345u64);
     for rule in rules {
-        cmd.write_arg_fmt(format_args!(
-            "{}:{}:{}:{}:{}",
-            rule.algorithm().code(),
-            rule.limit(),
-            rule.period_micros(),
-            rule.capacity(),
-            i64::from(rule.utc_offset_secs()) * 1_000_000
-        ));
+        cmd.write_arg_fmt(rule.script_arg());
     }
     cmd
 }
