@@ -9,10 +9,10 @@
 # then for each case: warms 1,000 keys with redis-benchmark, zeroes the
 # counters, sends 20,000 checks (one per call, or 1,250 calls of 16) pipelined
 # 16 deep over the same keys and prints the server's instructions per call
-# and per check. About 5 minutes. Every rule is 1,000 per
-# hour-long period (or burst 1,000 at 1,000 per second for GCRA and the token
-# bucket), so every key's window stays open and nothing is denied: the
-# steady state of a key in use. Peers' calls carry their own keys and
+# and per check (about 3 minutes in all). Every rule is 1,000 per hour-long
+# period (or burst 1,000 at 1,000 per second for GCRA and the token bucket),
+# so every key's window stays open and nothing is denied: the steady state of
+# a key in use. Peers' calls carry their own keys and
 # arguments, with hour-long durations where they take one.
 #
 #   benches/script-instructions.sh

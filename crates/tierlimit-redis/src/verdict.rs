@@ -122,7 +122,7 @@ pub(crate) fn parse_batch<'s>(
         let Some(part) = items.get(at..at + len) else {
             return Err(format!("{} items, too few for {count} checks", items.len()));
         };
-        results.push(parse_items(part, set, time));
+        results.push(server_error(part).and_then(|()| parse_items(part, set, time)));
         at += len;
     }
     if at != items.len() {
@@ -145,10 +145,10 @@ fn reply_len(set: &RuleSet) -> usize {
     }
 }
 
-/// One check's reply (see [`reply_len`]), decided at `server_time_us`: a
+/// One check's reply (see [`reply_len`]), with no error among its items
+/// (the callers look for one first), decided at `server_time_us`: a
 /// retry-after of 0 is an admission.
 fn parse_items(items: &[Value], set: &RuleSet, server_time_us: u64) -> Result<Verdict> {
-    server_error(items)?;
     if set.rules().len() == 1 {
         return verdict(set, items, 0, 1, server_time_us);
     }
