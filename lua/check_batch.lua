@@ -163,12 +163,7 @@ local function run()
         request_nonce)
       o = o + 3
     else
-      -- Several rules' table: all of it but the server time.
-      local reply = decide(k0, rules, args, now, cost, request_nonce)
-      for i = 2, #reply do
-        replies[o + i - 1] = reply[i]
-      end
-      o = o + #reply - 1
+      o = decide(k0, rules, args, now, cost, request_nonce, replies, o)
     end
   end
 end
@@ -177,6 +172,11 @@ while true do
   local ok, err = pcall(run)
   if ok then
     break
+  end
+  -- A request of several rules writes its reply in place as it goes: one
+  -- that raised in a commit leaves items of its own, dropped here.
+  for i = #replies, o + 1, -1 do
+    replies[i] = nil
   end
   o = o + 1
   replies[o] = request_error(err)

@@ -43,6 +43,11 @@ local COMMITS = {
   gcra_commit, token_bucket_commit, sliding_log_commit, sliding_window_commit, fixed_window_commit,
 }
 
+-- Zeros to size a reply with (unpack): two per rule of MAX_RULES (16).
+local ZEROS = {
+  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+}
+
 local server_now = nil
 local function call_now(arg)
   if arg == '0' then
@@ -56,15 +61,19 @@ end
 
 -- Refuses a request whose keys repeat one another (one key under two
 -- algorithms could not be committed whole). Called for sets of two rules or
--- more: one key cannot repeat itself.
+-- more: one key cannot repeat itself. Compares each pair (at most 120, for
+-- MAX_RULES = 16): Lua's strings are interned, so a comparison is one of
+-- pointers. A table of the keys seen instead cost 1.8 % more of a three-rule
+-- GCRA check (callgrind: 173.9k against 170.8k instructions).
 local function check_keys(k0, rules)
-  local seen = {}
-  for i = 1, rules do
-    local key = KEYS[k0 + i]
-    if seen[key] then
-      refuse('check', 'KEYS[' .. (k0 + i) .. '] repeats KEYS[' .. seen[key] .. ']')
+  local keys = KEYS
+  for i = k0 + 2, k0 + rules do
+    local key = keys[i]
+    for j = k0 + 1, i - 1 do
+      if keys[j] == key then
+        refuse('check', 'KEYS[' .. i .. '] repeats KEYS[' .. j .. ']')
+      end
     end
-    seen[key] = k0 + i
   end
 end
 
@@ -176,10 +185,19 @@ local function decide_one(k0, a, now, cost, nonce)
   return retry, remaining, reset
 end
 
+-- Check results of a request's rules, OUTCOME[i] rule i's, and the rules'
+-- arguments of a lone request (check_one): scratch tables every request
+-- reuses, so each grows once per library load instead of once per request.
+-- A request reads no slot it did not write.
+local OUTCOME, ARGS = {}, {}
+
 -- Decides a request of two rules or more whose arguments passed the checks
 -- above: args[i] holds rule i's { code, limit, period, capacity, offset }.
-local function decide(k0, rules, args, now, cost, nonce)
-  local outcome = {}
+-- Writes its reply less the server time into out[o + 1 ..] (retry-after, 0
+-- when admitted; the deciding rule; each rule's remaining and reset-after),
+-- in order, and returns the index of its last item: a batch's reply takes
+-- it in place, with no table of the request's own.
+local function decide(k0, rules, args, now, cost, nonce, out, o)
   local allowed = true
   for i = 1, rules do
     local a = args[i]
@@ -190,46 +208,44 @@ local function decide(k0, rules, args, now, cost, nonce)
     reading_key, reading_code = k0 + i, code
     local ok, remaining, reset, retry, reset_now, s1, s2, s3, s4, s5 = CHECKS[code](key, now, cost,
       a[2], a[3], a[4], a[5])
-    outcome[i] = { ok, remaining, reset, retry, reset_now, code, s1, s2, s3, s4, s5 }
+    OUTCOME[i] = { ok, remaining, reset, retry, reset_now, code, s1, s2, s3, s4, s5 }
     allowed = allowed and ok
   end
   reading_key = 0
 
-  -- { now, retry-after (0: admitted), deciding rule, (remaining_i,
-  -- reset_after_us_i)... }
-  local reply = { now, 0, 0 }
+  out[o + 1], out[o + 2] = 0, 0
   if allowed then
     local fewest = nil
     for i = 1, rules do
-      local o = outcome[i]
-      COMMITS[o[6]](KEYS[k0 + i], now, cost, nonce, args[i], o[7], o[8], o[9], o[10], o[11])
-      if fewest == nil or o[2] < fewest then
-        fewest = o[2]
-        reply[3] = i - 1
+      local r = OUTCOME[i]
+      COMMITS[r[6]](KEYS[k0 + i], now, cost, nonce, args[i], r[7], r[8], r[9], r[10], r[11])
+      if fewest == nil or r[2] < fewest then
+        fewest = r[2]
+        out[o + 2] = i - 1
       end
-      reply[2 + 2 * i] = o[2]
-      reply[3 + 2 * i] = o[3]
+      out[o + 1 + 2 * i] = r[2]
+      out[o + 2 + 2 * i] = r[3]
     end
   else
     local longest = nil
     for i = 1, rules do
-      local o = outcome[i]
-      if o[1] then
+      local r = OUTCOME[i]
+      if r[1] then
         -- Passed, but nothing is committed: report it as it stands.
-        reply[2 + 2 * i] = o[2] + cost
-        reply[3 + 2 * i] = o[5]
+        out[o + 1 + 2 * i] = r[2] + cost
+        out[o + 2 + 2 * i] = r[5]
       else
-        if longest == nil or o[4] > longest then
-          longest = o[4]
-          reply[3] = i - 1
+        if longest == nil or r[4] > longest then
+          longest = r[4]
+          out[o + 2] = i - 1
         end
-        reply[2 + 2 * i] = o[2]
-        reply[3 + 2 * i] = o[3]
+        out[o + 1 + 2 * i] = r[2]
+        out[o + 2 + 2 * i] = r[3]
       end
     end
-    reply[2] = longest
+    out[o + 1] = longest
   end
-  return reply
+  return o + 2 + 2 * rules
 end
 
 local function check_one(k0, rules, a0)
@@ -248,13 +264,16 @@ local function check_one(k0, rules, a0)
     local now = call_now(ARGV[a0 + 1])
     return now, decide_one(k0, rule, now, cost, ARGV[a0 + 3])
   end
-  local args = {}
   for i = 1, rules do
     local rule = rule_args('check', a0 + 3 + i)
     if cost > rule[4] then
       refuse_capacity(ARGV[a0 + 2], i)
     end
-    args[i] = rule
+    ARGS[i] = rule
   end
-  return decide(k0, rules, args, call_now(ARGV[a0 + 1]), cost, ARGV[a0 + 3])
+  local now = call_now(ARGV[a0 + 1])
+  -- Made at its full size: grown item by item, it would be copied thrice.
+  local reply = { now, 0, 0, unpack(ZEROS, 1, 2 * rules) }
+  decide(k0, rules, ARGS, now, cost, ARGV[a0 + 3], reply, 1)
+  return reply
 end

@@ -1993,4 +1993,72 @@ mod tests {
             assert_eq!(v.decision.remaining, 4, "{name} consumed exactly once");
         }
     }
+
+    /// A batch's request of several rules writes its reply into the batch's
+    /// own; when one of its commits fails (`-OOM`: a script runs until its
+    /// first write, then Redis refuses the write), its reply is that error
+    /// alone, with nothing of the items it had begun, even as the batch's
+    /// last request, where no later request writes over them.
+    #[tokio::test]
+    async fn a_request_whose_commit_fails_answers_its_error_alone() {
+        let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+        let mut conn = server.conn().await;
+        let spent = "1:1:3600000000:1:0";
+        let mut first = crate::script::CHECK.prepare_invoke();
+        first.key("tl:{spent}:g").arg("0").arg(1).arg(7).arg(spent);
+        let _: Value = first.invoke_async(&mut conn).await.expect("spends the key");
+        let sha = crate::script::CHECK_BATCH
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .expect("SCRIPT LOAD");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET maxmemory");
+
+        // A denial of a one-rule set (decided: it writes nothing), then an
+        // admission of a two-rule set on fresh keys (its first commit fails).
+        let mut batch = redis::cmd("EVALSHA");
+        batch
+            .arg(sha)
+            .arg(3)
+            .arg(&["tl:{spent}:g", "tl:{fresh}:g", "tl:{fresh}:f"])
+            .arg(&[
+                "2",
+                "2",
+                "7",
+                "0",
+                "1",
+                spent,
+                "2",
+                spent,
+                "5:1:3600000000:1:0",
+            ])
+            .arg(&["1", "1", "2", "1"]);
+        // Sent raw: a query would turn the whole reply into its first error.
+        let reply = redis::aio::ConnectionLike::req_packed_command(&mut conn, &batch)
+            .await
+            .expect("the batch answers");
+        let Value::Array(items) = reply else {
+            panic!("not an array: {reply:?}");
+        };
+        assert_eq!(
+            items.len(),
+            1 + 3 + 1,
+            "time, the denial, the error: {items:?}"
+        );
+        assert!(
+            matches!(&items[1], Value::Int(retry) if *retry > 0),
+            "the first request denied: {items:?}"
+        );
+        assert!(
+            matches!(&items[4], Value::ServerError(e) if e.code() == "OOM"),
+            "the second request's own error: {items:?}"
+        );
+        assert_eq!(server.dbsize().await, 1, "only the spent key");
+    }
 }

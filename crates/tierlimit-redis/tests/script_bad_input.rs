@@ -542,6 +542,15 @@ async fn one_key_under_two_algorithms_writes_nothing() {
         .expect_err("one key twice is refused");
     assert!(err.to_string().contains("repeats KEYS[1]"), "{err}");
     assert_eq!(server.dbsize().await, 0, "nothing was written");
+    // Not only next to each other: the third key repeats the first.
+    let (mut keys, mut args) = good_check();
+    keys.push(GCRA_KEY.to_string());
+    args.extend(args[3..8].to_vec());
+    let err = run_check(&mut conn, &keys, &args)
+        .await
+        .expect_err("a key repeated further on is refused");
+    assert!(err.to_string().contains("KEYS[3] repeats KEYS[1]"), "{err}");
+    assert_eq!(server.dbsize().await, 0, "nothing was written");
 
     // A key that already holds another algorithm's type: WRONGTYPE before any
     // commit, naming the key; the other rule's key is not written.
