@@ -10,7 +10,8 @@
 -- Reply: sliding_log_check returns ok, remaining, reset_after_us,
 --        retry_after_us, reset_now_us (reset_after as things stand, before
 --        this request), then when ok the state sliding_log_commit needs:
---        period_us and keep_until_us.
+--        period_us, keep_until_us and now - period_us as text (the score
+--        at and below which units have left the window).
 --
 -- State: a sorted set with one member per admitted unit, scored by its time
 -- in µs since the Unix epoch; a unit counts while now < score + period. Exact
@@ -27,8 +28,8 @@
 -- crates/tierlimit-redis/tests/script_work.rs).
 --
 -- Example: on an empty key, sliding_log_check(key, now, 1, 10, 60000000)
--- returns true, 9, 60000000, 0, 0, 60000000, now: admitted, 9 left, the unit
--- leaves the log in 60 s.
+-- returns true, 9, 60000000, 0, 0, 60000000, now, "<now - 60000000>":
+-- admitted, 9 left, the unit leaves the log in 60 s.
 
 -- Members per ZADD, far below Lua's limit on unpack()ed arguments.
 local SLIDING_LOG_BATCH = 500
@@ -42,7 +43,8 @@ local function sliding_log_newest(key)
 end
 
 local function sliding_log_check(key, now, cost, limit, period)
-  local since = '(' .. format('%d', now - period)
+  local gone = format('%d', now - period)
+  local since = '(' .. gone
   local count = redis.call('ZCOUNT', key, since, '+inf')
   local newest = nil
   local reset_now = 0
@@ -57,7 +59,7 @@ local function sliding_log_check(key, now, cost, limit, period)
       keep_until = newest
     end
     return true, limit - count - cost, keep_until + period - now, 0, reset_now,
-      period, keep_until
+      period, keep_until, gone
   end
   -- Denied: the (count + cost - limit) oldest units must leave first.
   local entry = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES',
@@ -66,17 +68,22 @@ local function sliding_log_check(key, now, cost, limit, period)
   return false, max(0, limit - count), reset_now, retry, reset_now
 end
 
-local function sliding_log_commit(key, now, cost, nonce, rule, period, keep_until)
+local function sliding_log_commit(key, now, cost, nonce, rule, period, keep_until, gone)
   local score = format('%d', now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - period))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', gone)
   local prefix = score .. ':' .. nonce .. ':'
-  local args = {}
-  for j = 1, cost do
-    args[#args + 1] = score
-    args[#args + 1] = prefix .. j
-    if #args >= 2 * SLIDING_LOG_BATCH or j == cost then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
+  if cost == 1 then
+    -- Most requests: one member, without a table to unpack.
+    redis.call('ZADD', key, score, prefix .. 1)
+  else
+    local args = {}
+    for j = 1, cost do
+      args[#args + 1] = score
+      args[#args + 1] = prefix .. j
+      if #args >= 2 * SLIDING_LOG_BATCH or j == cost then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
     end
   end
   redis.call('PEXPIRE', key,
