@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Redis' instructions per check of tierlimit's Functions library and of the
-# peers' scripts (see benches/src/bin/peer-scripts.rs): a steady measure where
-# the server's time per call spreads by a third from sample to sample.
+# Redis' instructions per check of tierlimit's Functions library, of the
+# minimal script of each algorithm (tierlimit_benches::MINIMAL_SCRIPTS, the
+# baseline of benches/script_cost.rs) and of the peers' scripts (see
+# benches/src/bin/peer-scripts.rs): a steady measure where the server's time
+# per call spreads by a third from sample to sample.
 #
 # Starts its own redis-server under valgrind's callgrind on a free loopback
-# port, loads the library (and the peers' scripts from $TIERLIMIT_PEER_SCRIPTS,
-# which benches/peer-scripts.sh DIR fetches; without it only tierlimit's rows),
-# then for each case: warms 1,000 keys with redis-benchmark, zeroes the
-# counters, sends 20,000 checks (one per call, or 1,250 calls of 16) pipelined
-# 16 deep over the same keys and prints the server's instructions per call
-# and per check (about 3 minutes in all). Every rule is 1,000 per hour-long
-# period (or burst 1,000 at 1,000 per second for GCRA and the token bucket),
-# so every key's window stays open and nothing is denied: the steady state of
-# a key in use. Peers' calls carry their own keys and
+# port, loads the library and the minimal scripts (and the peers' scripts
+# from $TIERLIMIT_PEER_SCRIPTS, which benches/peer-scripts.sh DIR fetches;
+# without it no peer rows), then for each case: warms 1,000 keys with
+# redis-benchmark, zeroes the counters, sends 20,000 checks (one per call, or
+# 1,250 calls of 16) pipelined 16 deep over the same keys and prints the
+# server's instructions per call and per check, and tierlimit's over the
+# minimal script's (about 9 minutes in all). A one-rule set is 1,000 per
+# hour-long period (or burst 1,000 at 1,000 per second for GCRA and the token
+# bucket), so every key's window stays open and nothing is denied: the steady
+# state of a key in use. A three-rule set is script_cost's: 100 per second,
+# 500 per minute, 1,000 per hour. The minimal scripts take each rule as five
+# arguments, as they do in script_cost. Peers' calls carry their own keys and
 # arguments, with hour-long durations where they take one.
 #
 #   benches/script-instructions.sh
@@ -56,7 +61,19 @@ measure() {
     dump=$(ls -t "$work"/cg.out.* | head -1)
     total=$(grep -E '^(summary|totals):' "$dump" | head -1 | awk '{print $2}')
     rm -f "$dump"
-    printf '%-44s %8d per call %8d per check\n' "$label" $((total / calls)) $((total / checks))
+    per_check=$((total / checks))
+    printf '%-52s %8d per call %8d per check' "$label" $((total / calls)) "$per_check"
+}
+
+# over <tierlimit's per check> <whose> [<tierlimit's per check batched>]:
+# ends measure's line with the ratio of tierlimit's instructions per check to
+# the check just measured (and of the batched ones').
+over() {
+    awk -v a="$1" -v b="$per_check" -v whose="$2" -v batched="${3:-}" 'BEGIN {
+        printf "   tierlimit / %s %.2f", whose, a / b
+        if (batched != "") printf ", batched %.2f", batched / b
+        printf "\n"
+    }'
 }
 
 batch() {
@@ -68,13 +85,49 @@ batch() {
     echo FCALL "tierlimit_check_batch_$id" 16 "${keys[@]}" 16 1 42 0 1 "$rule" "${costs[@]}"
 }
 
-for alg in "GCRA g 1:1000:1000000:1000:0" "TokenBucket t 2:1000:1000000:1000:0" \
-    "SlidingWindow s 4:1000:3600000000:1000:0" "FixedWindow f 5:1000:3600000000:1000:0"; do
+# minimal_args <rule>...: each rule's five numbers apart, as the minimal scripts take them.
+minimal_args() {
+    local rule
+    for rule in "$@"; do
+        echo "${rule//:/ }"
+    done
+}
+
+declare -a one_per_call batched
+for alg in "GCRA g 1" "TokenBucket t 2" "SlidingLog l 3" "SlidingWindow s 4" "FixedWindow f 5"; do
     set -- $alg
-    measure 1 "tierlimit $1, one check per call" \
-        FCALL "tierlimit_check_$id" 1 "tl:{u:__rand_int__}:o:$2" 0 1 42 "$3"
+    name=$1 tag=$2 code=$3
+    case $code in
+    1 | 2) one="$code:1000:1000000:1000:0" ;;
+    *) one="$code:1000:3600000000:1000:0" ;;
+    esac
+    three=("$code:100:1000000:100:0" "$code:500:60000000:500:0" "$code:1000:3600000000:1000:0")
+    minimal=$(cli -x SCRIPT LOAD < <("${CARGO_TARGET_DIR:-target}/release/library-source" minimal "$code"))
+    k="tl:{u:__rand_int__}"
+    measure 1 "tierlimit $name, one check per call" \
+        FCALL "tierlimit_check_$id" 1 "$k:o:$tag" 0 1 42 "$one"
+    echo
+    ours=$per_check
+    one_per_call[$code]=$per_check
     # shellcheck disable=SC2046
-    measure 16 "tierlimit $1, batches of 16" $(batch "$2" "$3")
+    measure 1 "minimal $name, one check per call" \
+        EVALSHA "$minimal" 1 "$k:m:$tag" 0 1 42 $(minimal_args "$one")
+    over "$ours" minimal
+    if [ "$code" != 3 ]; then
+        # shellcheck disable=SC2046
+        measure 16 "tierlimit $name, batches of 16" $(batch "$tag" "$one")
+        echo
+        batched[$code]=$per_check
+    fi
+    measure 1 "tierlimit $name, 3 rules, one check per call" \
+        FCALL "tierlimit_check_$id" 3 "$k:o:${tag}1" "$k:o:${tag}2" "$k:o:${tag}3" 0 1 42 "${three[@]}"
+    echo
+    ours=$per_check
+    # shellcheck disable=SC2046
+    measure 1 "minimal $name, 3 rules, one check per call" \
+        EVALSHA "$minimal" 3 "$k:m:${tag}1" "$k:m:${tag}2" "$k:m:${tag}3" 0 1 42 \
+        $(minimal_args "${three[@]}")
+    over "$ours" minimal
 done
 
 dir=${TIERLIMIT_PEER_SCRIPTS:-}
@@ -87,9 +140,13 @@ hour_window=$(( $(date +%s) / 3600 ))
 now_ms=$(( $(date +%s) * 1000 ))
 measure 1 "redis_rate GCRA" EVALSHA "$(sha redis_rate_gcra.lua)" \
     1 "rate:__rand_int__" 1000 1000 1 1
+over "${one_per_call[1]}" peer "${batched[1]}"
 measure 1 "Spring Cloud Gateway token bucket" EVALSHA "$(sha scg_token_bucket.lua)" \
     2 "request_rate_limiter.{p.__rand_int__}.tokens" "request_rate_limiter.{p.__rand_int__}.timestamp" 1000 1000 "" 1
+over "${one_per_call[2]}" peer "${batched[2]}"
 measure 1 "upstash sliding window" EVALSHA "$(sha upstash_sliding_window.lua)" \
     3 "@upstash/ratelimit:__rand_int__:$hour_window" "@upstash/ratelimit:__rand_int__:$((hour_window - 1))" "" 1000 "$now_ms" 3600000 1
+over "${one_per_call[4]}" peer "${batched[4]}"
 measure 1 "rate-limiter-flexible fixed window" EVALSHA "$(sha rlflexible_fixed_window.lua)" \
     1 "rlflx:__rand_int__" 1 3600
+over "${one_per_call[5]}" peer "${batched[5]}"

@@ -67,6 +67,7 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod fixtures;
+mod minimal;
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -77,6 +78,7 @@ pub use fixtures::{
     GENEROUS_BURST, GENEROUS_RATE_PER_SECOND, dead_redis_url, generous_quota, generous_set,
     healthy_limiter, poll_ready, runtime, tripped_limiter,
 };
+pub use minimal::MINIMAL_SCRIPTS;
 
 /// Fewer pairs than this cannot give a median worth a target.
 pub const MIN_PAIRS: usize = 5;
