@@ -272,8 +272,9 @@ local function check_one(k0, rules, a0)
     ARGS[i] = rule
   end
   local now = call_now(ARGV[a0 + 1])
-  -- Made at its full size: grown item by item, it would be copied thrice.
-  local reply = { now, 0, 0, unpack(ZEROS, 1, 2 * rules) }
+  -- Made at its full size (up to MAX_RULES' rules): grown item by item, it
+  -- would be copied thrice for three rules.
+  local reply = { now, 0, 0, unpack(ZEROS, 1, min(2 * rules, #ZEROS)) }
   decide(k0, rules, ARGS, now, cost, ARGV[a0 + 3], reply, 1)
   return reply
 end
