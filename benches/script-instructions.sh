@@ -14,9 +14,11 @@
 # server's instructions per call and per check, and tierlimit's over the
 # minimal script's (about 9 minutes in all). A one-rule set is 1,000 per
 # hour-long period (or burst 1,000 at 1,000 per second for GCRA and the token
-# bucket), so every key's window stays open and nothing is denied: the steady
-# state of a key in use. A three-rule set is script_cost's: 100 per second,
-# 500 per minute, 1,000 per hour. The minimal scripts take each rule as five
+# bucket), so nothing is denied and every window key stays open: the steady
+# state of a key in use. (A key's checks come about a second apart under
+# valgrind, so a GCRA or token-bucket key of 1,000 per second is full again
+# and gone at each of them.) A three-rule set is script_cost's: 100 per
+# second, 500 per minute, 1,000 per hour. The minimal scripts take each rule as five
 # arguments, as they do in script_cost. Peers' calls carry their own keys and
 # arguments, with hour-long durations where they take one.
 #
