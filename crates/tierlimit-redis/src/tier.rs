@@ -2012,13 +2012,7 @@ mod tests {
             .load_async(&mut conn)
             .await
             .expect("SCRIPT LOAD");
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg(1)
-            .query_async(&mut conn)
-            .await
-            .expect("CONFIG SET maxmemory");
+        server.config_set("maxmemory", "1").await;
 
         // A denial of a one-rule set (decided: it writes nothing), then an
         // admission of a two-rule set on fresh keys (its first commit fails).

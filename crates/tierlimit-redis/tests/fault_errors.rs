@@ -22,14 +22,7 @@ async fn out_of_memory() {
     );
     tier.check("k", &set, 1).await.expect("fits in memory");
     // Now any memory in use is too much: every write is refused.
-    let mut conn = server.conn().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG SET maxmemory");
+    server.config_set("maxmemory", "1").await;
 
     let err = tier.check("k", &set, 1).await.expect_err("out of memory");
     assert_eq!(

@@ -290,13 +290,7 @@ async fn out_of_memory_denials_are_still_decided() {
     let v = tier.check("full", &set, 1).await.expect("fits in memory");
     assert!(v.decision.allowed);
     assert_eq!(tier.script_mode(), Some(ScriptMode::Functions));
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query_async(&mut server.conn().await)
-        .await
-        .expect("CONFIG SET maxmemory");
+    server.config_set("maxmemory", "1").await;
 
     let v = tier
         .check("full", &set, 1)

@@ -429,6 +429,13 @@ impl RedisServer {
         self.function_flush().await;
     }
 
+    /// Sets one of the server's settings while it runs (`CONFIG SET`), e.g.
+    /// `maxmemory` to `1`, so that every write is refused as out of memory.
+    pub async fn config_set(&self, name: &str, value: &str) {
+        self.run(redis::cmd("CONFIG").arg("SET").arg(name).arg(value))
+            .await;
+    }
+
     /// Deletes every key (`FLUSHALL`).
     pub async fn flushall(&self) {
         self.run(&redis::cmd("FLUSHALL")).await;
