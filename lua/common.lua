@@ -158,9 +158,12 @@ local function rule_args(script, i)
   return rule
 end
 
+-- TIME's two fields are always decimal digits, so arithmetic converts them
+-- (one strtod each); tonumber would convert each twice (Lua 5.1's tonumber
+-- tests the text, then converts it).
 local function server_time()
   local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+  return time[1] * 1000000 + time[2]
 end
 
 local function script_now(arg)
