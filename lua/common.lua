@@ -78,7 +78,8 @@ local function int_arg(script, name, s, lo, hi)
     refuse(script, name .. ' must be a decimal integer, got "'
       .. sub(tostring(s), 1, 40) .. '"')
   end
-  local n = tonumber(s)
+  -- Digits only (matched above): arithmetic converts it once, tonumber twice.
+  local n = s + 0
   if n < lo or n > hi then
     refuse(script, format('%s must be in [%d, %d], got %s', name, lo, hi, s))
   end

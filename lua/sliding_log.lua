@@ -37,9 +37,11 @@ local SLIDING_LOG_BATCH = 500
 -- The score of the newest unit in the log (the key must not be empty). The
 -- indexes are strings: Redis turns a Lua number argument into text on every
 -- call, which cost 0.2 µs more for the two (7.0, a loop of 200,000 ZRANGEs).
+-- A score is always a number's text, so arithmetic converts it (once, where
+-- tonumber would twice).
 local function sliding_log_newest(key)
   local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-  return tonumber(newest[2])
+  return newest[2] + 0
 end
 
 local function sliding_log_check(key, now, cost, limit, period)
@@ -64,7 +66,7 @@ local function sliding_log_check(key, now, cost, limit, period)
   -- Denied: the (count + cost - limit) oldest units must leave first.
   local entry = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES',
     'LIMIT', format('%d', count + cost - limit - 1), 1)
-  local retry = max(1, tonumber(entry[2]) + period - now)
+  local retry = max(1, entry[2] + period - now)
   return false, max(0, limit - count), reset_now, retry, reset_now
 end
 
