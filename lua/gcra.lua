@@ -57,6 +57,8 @@ local GCRA_SLACK_US = 1e-3
 -- it, then converts it; strtod is most of the cost). Callgrind, the parse
 -- alone in Debian's lua5.1: 4.5k instructions for "<TAT>@<limit>" and 7.3k
 -- with a fraction, against 5.8k and 9.9k by plain finds, subs and tonumber.
+-- In time (Redis 7.0.15, a loop of 200,000, medians of 7): 0.50 against 0.49
+-- µs for a whole TAT, 0.88 against 0.97 µs with a fraction.
 -- The whole part is read apart from the fraction, so it stays exact. Only
 -- digits pass the match, so the arithmetic cannot raise; a value no script
 -- of ours wrote (by hand, say) holds no state unless it matches and both
