@@ -11,7 +11,8 @@
 //! * [`app`]: one app instance (`chaos-app`): a `HybridLimiter` under load,
 //!   logging every decision.
 //! * [`run`] runs a scenario, [`analyze`] judges it, [`report`] writes JSON,
-//!   Markdown and an SVG chart.
+//!   Markdown and an SVG chart; [`stall`] watches for stalls of the whole
+//!   machine meanwhile, which no limiter could answer through.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 pub mod analyze;
@@ -22,3 +23,4 @@ pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod stall;

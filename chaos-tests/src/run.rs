@@ -12,6 +12,7 @@ use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
 use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
+use crate::stall::StallWatch;
 
 /// How a suite runs.
 #[derive(Debug, Clone)]
@@ -302,13 +303,15 @@ fn run_inner(
     let mut log_paths: Vec<PathBuf> = plans.iter().map(|p| p.out.clone()).collect();
     let mut current: Vec<usize> = (0..plans.len()).collect();
     let mut generations = vec![0usize; plans.len()];
-    driver.start_apps(&dir, &plans)?;
     let start_us = start_unix_ms * 1_000;
+    let watch = StallWatch::start(start_us).map_err(|e| format!("the stall watch: {e}"))?;
+    driver.start_apps(&dir, &plans)?;
     let began = Instant::now();
+    // One per log, a restarted app's new process's included.
     let mut tails: Vec<Tail> = plans.iter().map(|p| Tail::new(p.out.clone())).collect();
-    let mut tell = |phase: &str| {
+    let mut tell = |tails: &mut Vec<Tail>, phase: &str| {
         let (mut a, mut d) = (0, 0);
-        for t in &mut tails {
+        for t in tails {
             t.poll();
             a += t.admitted;
             d += t.denied;
@@ -324,7 +327,7 @@ fn run_inner(
     while t + 1_000 < warm {
         t += 1_000;
         sleep_until(start_us, t * 1_000);
-        tell("warm-up");
+        tell(&mut tails, "warm-up");
     }
     sleep_until(start_us, warm * 1_000);
     let fault_at = unix_us() - start_us;
@@ -344,7 +347,7 @@ fn run_inner(
     for (at, action) in steps {
         while next_tick < warm + at {
             pause_until(start_us, next_tick * 1_000, &mut cluster);
-            tell("fault");
+            tell(&mut tails, "fault");
             next_tick += 1_000;
         }
         pause_until(start_us, (warm + at) * 1_000, &mut cluster);
@@ -359,6 +362,7 @@ fn run_inner(
                     .ok_or_else(|| format!("no app {i}"))?;
                 *g += 1;
                 log_paths.push(restarted_log(&plans[i].out, *g));
+                tails.push(Tail::new(restarted_log(&plans[i].out, *g)));
                 current[i] = log_paths.len() - 1;
             }
             Action::KillRedis => {
@@ -371,7 +375,7 @@ fn run_inner(
     }
     while next_tick < warm + fault_ms {
         pause_until(start_us, next_tick * 1_000, &mut cluster);
-        tell("fault");
+        tell(&mut tails, "fault");
         next_tick += 1_000;
     }
     pause_until(start_us, (warm + fault_ms) * 1_000, &mut cluster);
@@ -403,11 +407,12 @@ fn run_inner(
     }
     while next_tick < warm + fault_ms + after {
         pause_until(start_us, next_tick * 1_000, &mut cluster);
-        tell("recovery");
+        tell(&mut tails, "recovery");
         next_tick += 1_000;
     }
     driver.wait_apps()?;
-    tell("done");
+    let stalls = watch.stop();
+    tell(&mut tails, "done");
 
     // Read back the natural-day counter of every local-fallback key.
     let set = &rule_sets(day_offset_s, sc.edge).map_err(|e| e.to_string())?[2];
@@ -447,6 +452,7 @@ fn run_inner(
             start_unix_us: start_us,
             master_lost,
             promoted_at: cluster.as_ref().and_then(|c| c.promoted_at),
+            stalls,
         },
         redis_counts,
         victim_keys: cluster.map(|c| c.victim_keys).unwrap_or_default(),
