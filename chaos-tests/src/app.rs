@@ -20,19 +20,13 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances, RedisFailure};
 use tokio::sync::mpsc;
 
 use crate::plan::{AppPlan, key, rule_sets, tier_code};
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+use crate::unix_us;
 
 /// The breaker settings every chaos app uses: production thresholds with short
 /// cool-downs, so a quick run sees several probes.

@@ -24,3 +24,12 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod stall;
+
+/// Wall-clock time, µs since the Unix epoch: the clock the controller and
+/// every app (processes or containers on one machine) share.
+pub(crate) fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tierlimit_core::escape_key;
 use tierlimit_test::MemoryFiller;
@@ -13,6 +13,7 @@ use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
 use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
 use crate::stall::StallWatch;
+use crate::unix_us;
 
 /// How a suite runs.
 #[derive(Debug, Clone)]
@@ -40,13 +41,6 @@ impl RunConfig {
             (3_000, 5_000, 3_000)
         }
     }
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 fn sleep_until(start_us: u64, at_us: u64) {

@@ -18,7 +18,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::unix_us;
 
 use serde::Serialize;
 
@@ -51,13 +53,6 @@ impl Stall {
 pub struct StallWatch {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Vec<Stall>>>,
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 impl StallWatch {
