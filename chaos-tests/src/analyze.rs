@@ -423,6 +423,16 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             max_lat as f64 / 1e3
         ));
     }
+    if max_own > bound {
+        // Said on the FAIL line itself, which is what a CI log shows.
+        measured.push_str(&match tl.stalls.iter().map(Stall::length_us).max() {
+            Some(longest) => format!(
+                "; the longest stall of the machine: {:.1} ms",
+                longest as f64 / 1e3
+            ),
+            None => "; the machine never stalled".to_string(),
+        });
+    }
     checks.push(check(
         format!(
             "every decision within deadline + 15 ms = {} ms",
@@ -1138,7 +1148,10 @@ mod tests {
         // 67.5 ms with no stall: over the bound.
         let alone = latency_check(67.5, &[]);
         assert_eq!(alone.verdict, "FAIL", "{alone:?}");
-        assert_eq!(alone.measured, "max 67.5 ms over 1 decisions");
+        assert_eq!(
+            alone.measured,
+            "max 67.5 ms over 1 decisions; the machine never stalled"
+        );
         // The machine stopped from 1,050 to 1,066 ms and the decision came
         // back 1.5 ms later: 51.5 ms of it are the limiter's.
         let stalled = latency_check(67.5, &[(1_050.0, 1_066.0)]);
@@ -1154,6 +1167,12 @@ mod tests {
         // decision's own timers ran on through it.
         let earlier = latency_check(67.5, &[(1_020.0, 1_036.0)]);
         assert_eq!(earlier.verdict, "FAIL", "{earlier:?}");
+        assert!(
+            earlier
+                .measured
+                .ends_with("; the longest stall of the machine: 16.0 ms"),
+            "{earlier:?}"
+        );
         // A stall too short to explain the excess leaves it over the bound.
         let short = latency_check(90.0, &[(1_080.0, 1_087.0)]);
         assert_eq!(short.verdict, "FAIL", "{short:?}");
