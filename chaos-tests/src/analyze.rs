@@ -750,7 +750,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             })
             .collect();
         notes.push(format!(
-            "the controller's clock saw the machine stall {} times (longest {:.1} ms): {}{}",
+            "stalls of the machine the controller's clock saw: {} (longest {:.1} ms): {}{}",
             tl.stalls.len(),
             longest as f64 / 1e3,
             first.join(", "),
