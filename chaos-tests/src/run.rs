@@ -303,7 +303,7 @@ fn run_inner(
     let began = Instant::now();
     // One per log, a restarted app's new process's included.
     let mut tails: Vec<Tail> = plans.iter().map(|p| Tail::new(p.out.clone())).collect();
-    let mut tell = |tails: &mut Vec<Tail>, phase: &str| {
+    let mut tell = |tails: &mut [Tail], phase: &str| {
         let (mut a, mut d) = (0, 0);
         for t in tails {
             t.poll();
@@ -355,8 +355,9 @@ fn run_inner(
                     .get_mut(i)
                     .ok_or_else(|| format!("no app {i}"))?;
                 *g += 1;
-                log_paths.push(restarted_log(&plans[i].out, *g));
-                tails.push(Tail::new(restarted_log(&plans[i].out, *g)));
+                let log = restarted_log(&plans[i].out, *g);
+                tails.push(Tail::new(log.clone()));
+                log_paths.push(log);
                 current[i] = log_paths.len() - 1;
             }
             Action::KillRedis => {
