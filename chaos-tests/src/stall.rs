@@ -7,9 +7,12 @@
 //! controller therefore runs a [`StallWatch`]: a thread that asks to sleep
 //! [`TICK`] at a time and notes every wake-up later than [`STALL_MIN`] beyond
 //! it. The watch shares nothing with the apps, so a stall it sees is the
-//! machine's, not a limiter's; and a busy machine alone does not make one (a
-//! thread waking from sleep is scheduled ahead of busy ones: with two
-//! CPU-bound processes beside the suite it saw none).
+//! machine's, not a limiter's. A thread waking from sleep is scheduled ahead
+//! of busy ones, so a merely busy machine makes none: beside two CPU-bound
+//! processes the watch saw no stall. What does make one is the machine
+//! stopping, or a burst of many new threads at once (docker's tools at the
+//! end of a docker run made some of 5-10 ms), which holds up the apps' tasks
+//! just as much.
 //!
 //! The analyzer uses the stalls only to explain the end of a decision that
 //! came back during one ([`crate::analyze`]): a stall in the middle of a wait
