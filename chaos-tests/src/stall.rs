@@ -11,7 +11,7 @@
 //! of busy ones, so a merely busy machine makes none: beside two CPU-bound
 //! processes the watch saw no stall. What does make one is the machine
 //! stopping, or a burst of many new threads at once (docker's tools at the
-//! end of a docker run made some of 5-10 ms), which holds up the apps' tasks
+//! end of a docker run made some of 5-13 ms), which holds up the apps' tasks
 //! just as much.
 //!
 //! The analyzer uses the stalls only to explain the end of a decision that
