@@ -71,18 +71,14 @@ local function gcra_load(key, now, limit)
   local whole, frac, written
   if find(stored, '.', 1, true) then
     whole, frac, written = match(stored, '^(%d+)(%.%d+)@(%d+)$')
-    if not whole then
-      return nil, 1
-    end
-    frac = frac + 0
   else
     whole, written = match(stored, '^(%d+)@(%d+)$')
-    if not whole then
-      return nil, 1
-    end
     frac = 0
   end
-  whole, written = whole + 0, written + 0
+  if not whole then
+    return nil, 1
+  end
+  whole, frac, written = whole + 0, frac + 0, written + 0
   if not (whole <= MAX_EXACT and written >= 1 and written <= MAX_EXACT and frac < 1) then
     return nil, 1
   end
