@@ -3,11 +3,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
+use std::time::Duration;
+
 use serde::Serialize;
 use tierlimit::{RedisFailure, Tier};
+use tierlimit_test::{Stall, held_at_end};
 
 use crate::plan::{STREAMS, judged_rules, tier_of};
-use crate::stall::Stall;
 
 /// One decision from an app's log.
 #[derive(Debug, Clone, Copy)]
@@ -171,25 +173,17 @@ pub struct Timeline {
     /// When the controller first saw the victim's replica serve the victim's
     /// slots as their master, µs.
     pub promoted_at: Option<u64>,
-    /// The machine's stalls, as the controller's [`StallWatch`](crate::stall::StallWatch) saw them.
+    /// The machine's stalls since the run's start, as the controller's
+    /// [`StallWatch`](tierlimit_test::StallWatch) saw them.
     pub stalls: Vec<Stall>,
 }
 
-/// How soon after a machine stall a decision may come back and still have
-/// been held up by it, µs: once the machine runs again the apps' due timers
-/// fire together and their tasks take well under a millisecond each.
-const RESUME_US: u64 = 5_000;
-
-/// The part of `d`'s latency that machine stalls explain: only a stall its end
-/// fell in or came just after ([`RESUME_US`]) held it up; a stall in the
-/// middle of a wait delays nothing, since the deadline's timer runs on.
-fn stalled_at_end(d: &Decision, stalls: &[Stall]) -> u64 {
-    let end = d.t + d.lat;
-    stalls
-        .iter()
-        .filter(|s| s.from < end && s.to + RESUME_US >= end)
-        .map(|s| s.to.min(end).saturating_sub(s.from.max(d.t)))
-        .sum()
+/// `d`'s latency less what a stall of the whole machine at its end explains
+/// ([`held_at_end`]), µs.
+fn own_latency(d: &Decision, stalls: &[Stall]) -> u64 {
+    let (start, lat) = (Duration::from_micros(d.t), Duration::from_micros(d.lat));
+    d.lat
+        .saturating_sub(held_at_end(stalls, start, lat).as_micros() as u64)
 }
 
 /// How far behind its master a replica may be when the master dies, µs: the
@@ -404,11 +398,11 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
         .collect();
 
     // Latency and errors. A decision is judged by its latency less what a
-    // stall of the whole machine at its end explains (see `crate::stall`).
+    // stall of the whole machine at its end explains.
     let max_lat = all.iter().map(|(_, d)| d.lat).max().unwrap_or(0);
     let max_own = all
         .iter()
-        .map(|(_, d)| d.lat.saturating_sub(stalled_at_end(d, &tl.stalls)))
+        .map(|(_, d)| own_latency(d, &tl.stalls))
         .max()
         .unwrap_or(0);
     let bound = deadline_us + 15_000;
@@ -425,10 +419,10 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     }
     if max_own > bound {
         // Said on the FAIL line itself, which is what a CI log shows.
-        measured.push_str(&match tl.stalls.iter().map(Stall::length_us).max() {
+        measured.push_str(&match tl.stalls.iter().map(Stall::length).max() {
             Some(longest) => format!(
                 "; the longest stall of the machine: {:.1} ms",
-                longest as f64 / 1e3
+                longest.as_secs_f64() * 1e3
             ),
             None => "; the machine never stalled".to_string(),
         });
@@ -736,7 +730,12 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     ));
 
     if !tl.stalls.is_empty() {
-        let longest = tl.stalls.iter().map(Stall::length_us).max().unwrap_or(0);
+        let longest = tl
+            .stalls
+            .iter()
+            .map(Stall::length)
+            .max()
+            .unwrap_or_default();
         let first: Vec<String> = tl
             .stalls
             .iter()
@@ -744,15 +743,15 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             .map(|s| {
                 format!(
                     "{:.2} s for {:.1} ms",
-                    s.from as f64 / 1e6,
-                    s.length_us() as f64 / 1e3
+                    s.from.as_secs_f64(),
+                    s.length().as_secs_f64() * 1e3
                 )
             })
             .collect();
         notes.push(format!(
             "stalls of the machine the controller's clock saw: {} (longest {:.1} ms): {}{}",
             tl.stalls.len(),
-            longest as f64 / 1e3,
+            longest.as_secs_f64() * 1e3,
             first.join(", "),
             if tl.stalls.len() > first.len() {
                 ", ..."
@@ -1117,8 +1116,8 @@ mod tests {
                 stalls: stalls
                     .iter()
                     .map(|&(from, to)| Stall {
-                        from: ms(from),
-                        to: ms(to),
+                        from: Duration::from_micros(ms(from)),
+                        to: Duration::from_micros(ms(to)),
                     })
                     .collect(),
                 ..Timeline::default()

@@ -11,8 +11,9 @@
 //! * [`app`]: one app instance (`chaos-app`): a `HybridLimiter` under load,
 //!   logging every decision.
 //! * [`run`] runs a scenario, [`analyze`] judges it, [`report`] writes JSON,
-//!   Markdown and an SVG chart; [`stall`] watches for stalls of the whole
-//!   machine meanwhile, which no limiter could answer through.
+//!   Markdown and an SVG chart. Meanwhile a [`StallWatch`](tierlimit_test::StallWatch)
+//!   watches for stalls of the whole machine, which no limiter could answer
+//!   through.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 pub mod analyze;
@@ -23,7 +24,6 @@ pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod scenario;
-pub mod stall;
 
 /// Wall-clock time, µs since the Unix epoch: the clock the controller and
 /// every app (processes or containers on one machine) share.

@@ -6,13 +6,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tierlimit_core::escape_key;
-use tierlimit_test::MemoryFiller;
+use tierlimit_test::{MemoryFiller, StallWatch};
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
 use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
-use crate::stall::StallWatch;
 use crate::unix_us;
 
 /// How a suite runs.
@@ -298,7 +297,15 @@ fn run_inner(
     let mut current: Vec<usize> = (0..plans.len()).collect();
     let mut generations = vec![0usize; plans.len()];
     let start_us = start_unix_ms * 1_000;
-    let watch = StallWatch::start(start_us).map_err(|e| format!("the stall watch: {e}"))?;
+    // The machine's stalls, timed from the run's start (which may lie ahead)
+    // like the apps' decisions.
+    let (now_us, now) = (unix_us(), Instant::now());
+    let origin = if start_us >= now_us {
+        now + Duration::from_micros(start_us - now_us)
+    } else {
+        now - Duration::from_micros(now_us - start_us)
+    };
+    let watch = StallWatch::start(origin).map_err(|e| format!("the stall watch: {e}"))?;
     driver.start_apps(&dir, &plans)?;
     let began = Instant::now();
     // One per log, a restarted app's new process's included.
@@ -406,7 +413,7 @@ fn run_inner(
         next_tick += 1_000;
     }
     driver.wait_apps()?;
-    let stalls = watch.stop();
+    let stalls = watch.stop().into_list();
     tell(&mut tails, "done");
 
     // Read back the natural-day counter of every local-fallback key.

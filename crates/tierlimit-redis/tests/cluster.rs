@@ -10,7 +10,8 @@
 //! * a master that lost its scripts (`SCRIPT FLUSH` there) is reloaded by the
 //!   next check;
 //! * a master killed under load: keys on the other masters stay served,
-//!   every check within the deadline + 15 ms; the killed master's keys fail
+//!   every check within the deadline + 15 ms (less what a stall of the whole
+//!   machine at its end explains: `tierlimit_test::StallWatch`); the killed master's keys fail
 //!   within that bound and are served again once its replica is promoted;
 //! * a master hung: the other masters' keys are served all along, and its
 //!   own once its replica is promoted, while it is still hung.
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use tierlimit_core::{Clock, FakeClock, LedgerEntry, RedisFailure, Rule, RuleSet};
 use tierlimit_redis::{CheckRequest, RedisTier, RedisTierConfig, WriteBack, Written};
-use tierlimit_test::RedisCluster;
+use tierlimit_test::{RedisCluster, StallWatch, Timings};
 use tokio::task::JoinSet;
 
 use support::{client_time_tier, set, storage_key, tier};
@@ -364,22 +365,23 @@ async fn a_killed_master_fails_over_under_load() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let bound = deadline + Duration::from_millis(15);
+    let watch = StallWatch::start(Instant::now()).expect("the stall watch starts");
     let mut load = JoinSet::new();
     for key in healthy.iter().cloned().cycle().take(4) {
         let (tier, s, stop) = (tier.clone(), s.clone(), Arc::clone(&stop));
         load.spawn(async move {
-            let (mut ok, mut slowest) = (0u64, Duration::ZERO);
+            let (mut ok, mut timings) = (0u64, Timings::default());
             let mut errors = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let start = Instant::now();
                 let r = tier.check(&key, &s, 1).await;
-                slowest = slowest.max(start.elapsed());
+                timings.add(start, start.elapsed());
                 match r {
                     Ok(_) => ok += 1,
                     Err(e) => errors.push(e.to_string()),
                 }
             }
-            (key, ok, slowest, errors)
+            (key, ok, timings, errors)
         });
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -387,23 +389,21 @@ async fn a_killed_master_fails_over_under_load() {
 
     // The victim's key: errors (within the bound) until its replica serves.
     let give_up = Instant::now() + Duration::from_secs(30);
-    let (mut failed, mut slowest_failure) = (0u64, Duration::ZERO);
+    let (mut failed, mut victim_timings) = (0u64, Timings::default());
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     loop {
         let start = Instant::now();
         let r = tier.check(&victim_key, &s, 1).await;
-        let took = start.elapsed();
+        victim_timings.add(start, start.elapsed());
         match r {
             Ok(_) => break,
             Err(e) => {
                 failed += 1;
-                slowest_failure = slowest_failure.max(took);
                 let kind = e.redis_failure().unwrap_or(RedisFailure::Other);
                 *kinds.entry(format!("{kind:?}")).or_default() += 1;
                 assert!(e.is_transient(), "{e}");
             }
         }
-        assert!(took <= bound, "a failed check took {took:?}");
         assert!(
             Instant::now() < give_up,
             "the victim's key was not served again within 30 s ({failed} failures: {kinds:?})"
@@ -411,7 +411,7 @@ async fn a_killed_master_fails_over_under_load() {
         // Not a sleep in place of a condition: a pace for the polling loop.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    eprintln!("victim key: {failed} failures {kinds:?}, slowest {slowest_failure:?}");
+    eprintln!("victim key: {failed} failures {kinds:?}, {victim_timings:?}");
     assert!(failed > 0, "the kill was seen");
     // A few failed calls in a row marked the dead master down: from then on
     // its keys were answered at once, unsent, until its replica served.
@@ -437,12 +437,16 @@ async fn a_killed_master_fails_over_under_load() {
     }
 
     stop.store(true, Ordering::Relaxed);
-    while let Some(done) = load.join_next().await {
-        let (key, ok, slowest, errors) = done.expect("task");
-        eprintln!(
-            "{key}: {ok} ok, {} errors, slowest {slowest:?}",
-            errors.len()
-        );
+    let mut done = Vec::new();
+    while let Some(task) = load.join_next().await {
+        done.push(task.expect("task"));
+    }
+    let stalls = watch.stop();
+    if let Err(why) = stalls.judge(&victim_timings, bound) {
+        panic!("the victim's key: {why}");
+    }
+    for (key, ok, timings, errors) in done {
+        eprintln!("{key}: {ok} ok, {} errors, {timings:?}", errors.len());
         // Each master has its own connection: nothing waits on the dead one.
         assert!(
             errors.is_empty(),
@@ -450,7 +454,9 @@ async fn a_killed_master_fails_over_under_load() {
             errors.len()
         );
         assert!(ok > 0, "{key}");
-        assert!(slowest <= bound, "{key}: a check took {slowest:?}");
+        if let Err(why) = stalls.judge(&timings, bound) {
+            panic!("{key}: {why}");
+        }
     }
 }
 
@@ -491,26 +497,27 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     // Concurrent checks of the victim's key, so calls to it are in flight
     // (and batching's queue full) whenever its down mark lapses.
     let stop = Arc::new(AtomicBool::new(false));
+    let watch = StallWatch::start(Instant::now()).expect("the stall watch starts");
     let mut hammer = JoinSet::new();
     // The other masters' keys, checked all along by a task of their own:
-    // (checks, failures, slowest).
+    // (checks, failures, timings).
     let healthy = {
         let (tier, s, stop) = (tier.clone(), s.clone(), stop.clone());
         tokio::spawn(async move {
-            let (mut checks, mut failures, mut slowest) = (0u64, Vec::new(), Duration::ZERO);
+            let (mut checks, mut failures, mut timings) = (0u64, Vec::new(), Timings::default());
             while !stop.load(Ordering::Relaxed) {
                 for key in &healthy_keys {
                     let start = Instant::now();
                     if let Err(e) = tier.check(key, &s, 1).await {
                         failures.push(format!("{key}: {e}"));
                     }
-                    slowest = slowest.max(start.elapsed());
+                    timings.add(start, start.elapsed());
                     checks += 1;
                 }
                 // A pace for the loop, not a wait for a condition.
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            (checks, failures, slowest)
+            (checks, failures, timings)
         })
     };
     for _ in 0..4 {
@@ -549,10 +556,11 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
         "the hang was seen: {kinds:?}"
     );
     // Still hung: served by the promoted replica within the bound.
+    let mut victim_timings = Timings::default();
     let back = loop {
         let start = Instant::now();
         let r = tier.check(&victim_key, &s, 1).await;
-        assert!(start.elapsed() <= bound);
+        victim_timings.add(start, start.elapsed());
         if r.is_ok() {
             break promoted.elapsed();
         }
@@ -578,18 +586,21 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     }
     stop.store(true, Ordering::Relaxed);
     while hammer.join_next().await.is_some() {}
-    let (healthy_checks, failures, slowest) = healthy.await.expect("healthy task");
-    eprintln!("{healthy_checks} checks of the other masters' keys, slowest {slowest:?}");
+    let (healthy_checks, failures, timings) = healthy.await.expect("healthy task");
+    let stalls = watch.stop();
+    eprintln!("{healthy_checks} checks of the other masters' keys, {timings:?}; {stalls}");
+    if let Err(why) = stalls.judge(&victim_timings, bound) {
+        panic!("the hung master's key after the promotion: {why}");
+    }
     assert!(healthy_checks > 0);
     assert!(
         failures.is_empty(),
         "{} of {healthy_checks} checks of the other masters' keys failed: {failures:?}",
         failures.len()
     );
-    assert!(
-        slowest <= bound,
-        "a healthy master's check took {slowest:?}"
-    );
+    if let Err(why) = stalls.judge(&timings, bound) {
+        panic!("a healthy master's check: {why}");
+    }
     cluster.node_mut(victim).resume();
 }
 

@@ -12,6 +12,9 @@
 //! - [`MemoryFiller`]: keeps a `noeviction` server full, so writes answer `-OOM`.
 //! - [`Load`]: concurrent checks with every decision and latency recorded.
 //! - [`serial`]: one test at a time in a binary whose tests measure latency.
+//! - [`StallWatch`]: notes when the whole machine stalls, so a latency bound
+//!   judged with [`Stalls::judge`] takes out only what no limiter could have
+//!   answered through.
 //!
 //! It is meant for tests: most of it panics with a clear message on failure.
 //! What the chaos suite's programs use as well returns errors instead
@@ -23,6 +26,7 @@ mod load;
 mod proxy;
 mod serial;
 mod server;
+mod stall;
 
 pub use cluster::{
     ClusterNode, RedisCluster, cluster_nodes, cluster_ok, create_cluster, query_node, slot_masters,
@@ -33,3 +37,4 @@ pub use load::{Live, Load, Sample, Samples, quantile};
 pub use proxy::{Fault, FaultProxy};
 pub use serial::{serial, serial_blocking};
 pub use server::RedisServer;
+pub use stall::{RESUME, STALL_MIN, Stall, StallWatch, Stalls, TICK, Timings, held_at_end, judged};

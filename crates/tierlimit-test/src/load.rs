@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use tierlimit_core::{Decision, Error, RedisFailure, Tier};
 use tokio::task::JoinHandle;
 
+use crate::stall::{StallWatch, Stalls, Timings};
+
 /// One check as the load saw it.
 #[derive(Debug, Clone)]
 pub struct Sample {
@@ -56,6 +58,7 @@ pub struct Load {
     stop: Arc<AtomicBool>,
     live: Arc<Live>,
     tasks: Vec<JoinHandle<Vec<Sample>>>,
+    watch: StallWatch,
 }
 
 impl Load {
@@ -69,6 +72,7 @@ impl Load {
         Fut: Future<Output = (usize, Result<Decision, Error>)> + Send + 'static,
     {
         let started = Instant::now();
+        let watch = StallWatch::start(started).expect("the stall watch's thread starts");
         let stop = Arc::new(AtomicBool::new(false));
         let live = Arc::new(Live::default());
         let check = Arc::new(check);
@@ -106,6 +110,7 @@ impl Load {
             stop,
             live,
             tasks,
+            watch,
         }
     }
 
@@ -124,7 +129,8 @@ impl Load {
         &self.live
     }
 
-    /// Stops every task and returns all samples, ordered by start time.
+    /// Stops every task and returns all samples, ordered by start time, with
+    /// the machine's stalls meanwhile.
     pub async fn stop(self) -> Samples {
         self.stop.store(true, Ordering::Relaxed);
         let mut all = Vec::new();
@@ -132,28 +138,43 @@ impl Load {
             all.extend(task.await.expect("a load task panicked"));
         }
         all.sort_by_key(|s| s.at);
-        Samples(all)
+        Samples {
+            all,
+            stalls: self.watch.stop(),
+            started: self.started,
+        }
     }
 }
 
 /// Every sample of a load run, with the measures the bounds are asserted on.
 #[derive(Debug, Clone)]
-pub struct Samples(pub Vec<Sample>);
+pub struct Samples {
+    /// Every sample, ordered by start time.
+    pub all: Vec<Sample>,
+    /// The machine's stalls while the load ran.
+    pub stalls: Stalls,
+    started: Instant,
+}
 
 impl Samples {
     /// Samples that started within `[from, to)`.
     pub fn between(&self, from: Duration, to: Duration) -> impl Iterator<Item = &Sample> {
-        self.0.iter().filter(move |s| s.at >= from && s.at < to)
+        self.all.iter().filter(move |s| s.at >= from && s.at < to)
     }
 
-    /// The slowest sample.
-    pub fn max_latency(&self) -> Duration {
-        self.0.iter().map(|s| s.latency).max().unwrap_or_default()
+    /// Every sample's latency, judged against `bound` as
+    /// [`Stalls::judge`] does.
+    pub fn judge_latency(&self, bound: Duration) -> Result<Duration, String> {
+        let mut timings = Timings::default();
+        for s in &self.all {
+            timings.add(self.started + s.at, s.latency);
+        }
+        self.stalls.judge(&timings, bound)
     }
 
     /// The samples that returned an error.
     pub fn errors(&self) -> Vec<&Sample> {
-        self.0.iter().filter(|s| s.result.is_err()).collect()
+        self.all.iter().filter(|s| s.result.is_err()).collect()
     }
 }
 

@@ -3,7 +3,8 @@
 //! its replica is promoted.
 //!
 //! * Keys on the other masters stay on Redis, each decision within the
-//!   deadline + 15 ms, and the breaker never opens: the failed master's
+//!   deadline + 15 ms (less what a stall of the whole machine at its end
+//!   explains: `tierlimit_test::StallWatch`), and the breaker never opens: the failed master's
 //!   calls, batches included, are its own fault, not the deployment's.
 //! * The failed master's keys get their policy's answer within the same bound:
 //!   after a few failed calls in a row the master is marked down and its keys
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::{breaker, healthy};
 use tierlimit::{BreakerState, HybridLimiter, Instances, Policy, Rule, RuleSet, Tier};
-use tierlimit_test::RedisCluster;
+use tierlimit_test::{RedisCluster, StallWatch, Timings};
 use tokio::task::JoinSet;
 
 const DEADLINE: Duration = Duration::from_millis(100);
@@ -54,12 +55,12 @@ struct Seen {
     by_tier: BTreeMap<String, u64>,
     failures: BTreeMap<String, u64>,
     local_admitted: u64,
-    slowest: Duration,
+    timings: Timings,
 }
 
 impl Seen {
-    fn add(&mut self, took: Duration, d: &tierlimit::Decision) {
-        self.slowest = self.slowest.max(took);
+    fn add(&mut self, started: Instant, d: &tierlimit::Decision) {
+        self.timings.add(started, started.elapsed());
         *self.by_tier.entry(format!("{:?}", d.tier)).or_default() += 1;
         if let Some(f) = d.redis_failure {
             *self.failures.entry(format!("{f:?}")).or_default() += 1;
@@ -77,7 +78,7 @@ impl Seen {
             *self.failures.entry(failure).or_default() += n;
         }
         self.local_admitted += other.local_admitted;
-        self.slowest = self.slowest.max(other.slowest);
+        self.timings.merge(other.timings);
     }
 
     fn count(&self, tier: &str) -> u64 {
@@ -86,9 +87,9 @@ impl Seen {
 }
 
 async fn checked(limiter: &HybridLimiter, set: &RuleSet, key: &str, seen: &mut Seen) -> Tier {
-    let start = Instant::now();
+    let started = Instant::now();
     let d = limiter.check(key, set, 1).await.expect("valid input");
-    seen.add(start.elapsed(), &d);
+    seen.add(started, &d);
     d.tier
 }
 
@@ -175,6 +176,7 @@ async fn one_master_fails(fault: Fault) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let bound = DEADLINE + Duration::from_millis(15);
+    let watch = StallWatch::start(Instant::now()).expect("the stall watch starts");
     let mut load = JoinSet::new();
     for key in healthy_keys.iter().cloned() {
         let (limiter, set, stop) = (Arc::clone(&limiter), set.clone(), Arc::clone(&stop));
@@ -251,10 +253,15 @@ async fn one_master_fails(fault: Fault) {
         victim_seen.merge(seen);
         breaker_opened |= opened;
     }
+    let mut healthy_seen = Vec::new();
+    while let Some(done) = load.join_next().await {
+        healthy_seen.push(done.expect("load task"));
+    }
+    let stalls = watch.stop();
     if fault == Fault::Pause {
         cluster.node_mut(victim).resume();
     }
-    eprintln!("{fault:?}: victim keys: {victim_seen:?}; probe: {probe_seen:?}");
+    eprintln!("{fault:?}: victim keys: {victim_seen:?}; probe: {probe_seen:?}; {stalls}");
 
     // The dead master's keys: the policy's answer (LocalFallback) within the
     // bound, at once once their master was marked down.
@@ -263,15 +270,15 @@ async fn one_master_fails(fault: Fault) {
         victim_seen.failures.get("NodeDown").is_some_and(|&n| n > 0),
         "the dead master was never marked down: {victim_seen:?}"
     );
-    assert!(
-        victim_seen.slowest <= bound && probe_seen.slowest <= bound,
-        "a decision of the victim's keys took longer than {bound:?}: {victim_seen:?} {probe_seen:?}"
-    );
+    for seen in [&victim_seen, &probe_seen] {
+        if let Err(why) = stalls.judge(&seen.timings, bound) {
+            panic!("a decision of the victim's keys: {why}: {seen:?}");
+        }
+    }
     assert!(!breaker_opened, "one master {fault:?} opened the breaker");
 
     let mut local_admitted = victim_seen.local_admitted + probe_seen.local_admitted;
-    while let Some(done) = load.join_next().await {
-        let (key, seen) = done.expect("load task");
+    for (key, seen) in healthy_seen {
         eprintln!("{key}: {seen:?}");
         let redis = seen.count("Redis");
         let other: u64 = seen.by_tier.values().sum::<u64>() - redis;
@@ -281,7 +288,9 @@ async fn one_master_fails(fault: Fault) {
             other, 0,
             "{key} on a healthy master was not decided by Redis {other} times: {seen:?}"
         );
-        assert!(seen.slowest <= bound, "{key}: {seen:?}");
+        if let Err(why) = stalls.judge(&seen.timings, bound) {
+            panic!("{key}: {why}: {seen:?}");
+        }
         assert!(redis > 0, "{key}: {seen:?}");
         local_admitted += seen.local_admitted;
     }
@@ -319,6 +328,7 @@ async fn the_whole_cluster_hung_is_an_outage_and_ends_like_one() {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
+    let watch = StallWatch::start(Instant::now()).expect("the stall watch starts");
     let mut load = JoinSet::new();
     for key in keys.iter().cloned() {
         let (limiter, set, stop) = (Arc::clone(&limiter), set.clone(), Arc::clone(&stop));
@@ -365,20 +375,18 @@ async fn the_whole_cluster_hung_is_an_outage_and_ends_like_one() {
     stop.store(true, Ordering::Relaxed);
     let bound = DEADLINE + Duration::from_millis(15);
     let mut local_admitted = after.local_admitted;
-    let mut errors_or_slow = Vec::new();
+    let mut all = after;
     while let Some(done) = load.join_next().await {
         let (key, seen) = done.expect("load task");
         eprintln!("{key}: {seen:?}");
         assert!(seen.count("Local") > 0, "{key} never fell back: {seen:?}");
-        if seen.slowest > bound {
-            errors_or_slow.push(format!("{key}: {seen:?}"));
-        }
         local_admitted += seen.local_admitted;
+        all.merge(seen);
     }
-    assert!(
-        errors_or_slow.is_empty() && after.slowest <= bound,
-        "decisions slower than {bound:?}: {errors_or_slow:?} {after:?}"
-    );
+    let stalls = watch.stop();
+    if let Err(why) = stalls.judge(&all.timings, bound) {
+        panic!("a decision: {why}");
+    }
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);
     written_back(&limiter, local_admitted).await;
 }

@@ -2,7 +2,8 @@
 //! policies at once (one rule set per policy), against a real redis-server.
 //!
 //! Bounds asserted for each fault: no check errs; none takes longer than the
-//! deadline + 15 ms; once Open, p99 latency is under 1 ms; the breaker trips within
+//! deadline + 15 ms (less what a stall of the whole machine at its end
+//! explains: `tierlimit_test::StallWatch`); once Open, p99 latency is under 1 ms; the breaker trips within
 //! 500 ms of a hang (200 ms of a refused connection) and closes within the
 //! cool-down + one probe after Redis returns; FailClosed admits nothing while
 //! Open and FailOpen admits everything; a decision the policy made because its
@@ -187,7 +188,7 @@ async fn scenario(kind: Kind) {
     );
     // A decision says how its own Redis call failed, and only a fallback does.
     let failed: Vec<_> = samples
-        .0
+        .all
         .iter()
         .filter_map(|s| Some((s, s.redis_failure()?)))
         .collect();
@@ -212,12 +213,15 @@ async fn scenario(kind: Kind) {
             "{kind:?}: no decision says its call failed"
         );
     }
-    let max = samples.max_latency();
-    println!("{kind:?}: {} checks, max latency {max:?}", samples.0.len());
-    assert!(
-        max <= DEADLINE + Duration::from_millis(15),
-        "{kind:?}: a check took {max:?}"
+    let slowest = samples.judge_latency(DEADLINE + Duration::from_millis(15));
+    println!(
+        "{kind:?}: {} checks, slowest {slowest:?}; {}",
+        samples.all.len(),
+        samples.stalls
     );
+    if let Err(why) = slowest {
+        panic!("{kind:?}: {why}");
+    }
 
     let Some(bound) = kind.trip_bound() else {
         // Faults Redis absorbs: it keeps deciding; the breaker may only blink on a restart.
@@ -227,7 +231,7 @@ async fn scenario(kind: Kind) {
                 "{kind:?}: the breaker tripped"
             );
             let fallback = samples
-                .0
+                .all
                 .iter()
                 .filter(|s| s.tier().is_some_and(Tier::is_fallback))
                 .count();

@@ -465,7 +465,7 @@ async fn checks_keep_their_latency_during_a_large_drain() {
 
     let p99 = |drain: bool| {
         let latencies: Vec<_> = samples
-            .0
+            .all
             .iter()
             .filter(|s| s.tier() == Some(Tier::Redis))
             .filter(|s| {
