@@ -141,7 +141,6 @@ impl Load {
         Samples {
             all,
             stalls: self.watch.stop(),
-            started: self.started,
         }
     }
 }
@@ -151,9 +150,8 @@ impl Load {
 pub struct Samples {
     /// Every sample, ordered by start time.
     pub all: Vec<Sample>,
-    /// The machine's stalls while the load ran.
+    /// The machine's stalls while the load ran, timed from its start.
     pub stalls: Stalls,
-    started: Instant,
 }
 
 impl Samples {
@@ -167,7 +165,7 @@ impl Samples {
     pub fn judge_latency(&self, bound: Duration) -> Result<Duration, String> {
         let mut timings = Timings::default();
         for s in &self.all {
-            timings.add(self.started + s.at, s.latency);
+            timings.add(self.stalls.origin() + s.at, s.latency);
         }
         self.stalls.judge(&timings, bound)
     }

@@ -136,19 +136,14 @@ pub struct Stalls {
 }
 
 impl Stalls {
-    /// Every stall, in order, timed from the watch's origin.
-    pub fn list(&self) -> &[Stall] {
-        &self.list
+    /// What the stalls are timed from.
+    pub(crate) fn origin(&self) -> Instant {
+        self.origin
     }
 
-    /// Into the list of stalls.
+    /// Every stall, in order, timed from the watch's origin.
     pub fn into_list(self) -> Vec<Stall> {
         self.list
-    }
-
-    /// The longest stall's length, if any.
-    pub fn longest(&self) -> Option<Duration> {
-        self.list.iter().map(Stall::length).max()
     }
 
     /// `latency` of a call started at `started`, less what stalls at its end
@@ -181,7 +176,7 @@ impl Stalls {
 
 impl fmt::Display for Stalls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.longest() {
+        match self.list.iter().map(Stall::length).max() {
             Some(longest) => write!(
                 f,
                 "the machine stalled {} times, the longest {longest:?}",
@@ -273,7 +268,7 @@ mod tests {
         let after = origin.elapsed();
         let stalls = watch.stop();
         let long: Vec<&Stall> = stalls
-            .list()
+            .list
             .iter()
             .filter(|s| s.length() >= Duration::from_millis(100))
             .collect();
