@@ -1,8 +1,8 @@
 //! A private `redis-server` child process per test.
 
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -217,7 +217,7 @@ impl RedisServer {
             let port = free_port();
             let dir = fresh_dir();
             let mut child = spawn(port, &dir, &args, tls.as_ref());
-            match wait_ready(&mut child, port, tls.is_some()) {
+            match wait_ready(&mut child, port, tls.as_ref()) {
                 Startup::Ready => {
                     return RedisServer {
                         pid: child.id(),
@@ -253,12 +253,7 @@ impl RedisServer {
     /// The connection URL: `redis://127.0.0.1:<port>/`, or `rediss://…` for a
     /// server started by [`start_tls`](Self::start_tls).
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
-        };
-        format!("{scheme}://127.0.0.1:{}/", self.port)
+        url_for(self.port, self.tls.is_some())
     }
 
     /// The URL that logs in as ACL user `user` with `password`
@@ -306,20 +301,7 @@ impl RedisServer {
 
     /// A `redis` client for this server (trusting its test CA when it speaks TLS).
     pub fn client(&self) -> redis::Client {
-        match &self.tls {
-            None => redis::Client::open(self.url()).expect("a 127.0.0.1 redis URL is always valid"),
-            Some(ca) => {
-                if rustls::crypto::CryptoProvider::get_default().is_none() {
-                    let _ = rustls::crypto::ring::default_provider().install_default();
-                }
-                let certs = redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(ca.ca_pem.clone()),
-                };
-                redis::Client::build_with_tls(self.url(), certs)
-                    .expect("the test CA is a valid PEM certificate")
-            }
-        }
+        client_for(self.port, self.tls.as_ref())
     }
 
     /// A fresh multiplexed connection straight to the server (bypassing any proxy);
@@ -355,7 +337,7 @@ impl RedisServer {
         let deadline = Instant::now() + REBIND_TIMEOUT;
         loop {
             let mut child = spawn(self.port, &self.dir, &self.args, self.tls.as_ref());
-            match wait_ready(&mut child, self.port, self.tls.is_some()) {
+            match wait_ready(&mut child, self.port, self.tls.as_ref()) {
                 Startup::Ready => {
                     self.pid = child.id();
                     self.child = Some(child);
@@ -570,23 +552,47 @@ fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TestCa>) -> Child
     }
 }
 
-/// Polls until the server answers PING (a TLS server: accepts a connection),
-/// exits, or 10 s pass.
-fn wait_ready(child: &mut Child, port: u16, tls: bool) -> Startup {
+/// `redis://127.0.0.1:<port>/`, or `rediss://…` for a server speaking TLS.
+fn url_for(port: u16, tls: bool) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    format!("{scheme}://127.0.0.1:{port}/")
+}
+
+/// A `redis` client for the server on `port` (trusting `tls`'s CA, if given).
+fn client_for(port: u16, tls: Option<&TestCa>) -> redis::Client {
+    let url = url_for(port, tls.is_some());
+    match tls {
+        None => redis::Client::open(url).expect("a 127.0.0.1 redis URL is always valid"),
+        Some(ca) => {
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.ca_pem.clone()),
+            };
+            redis::Client::build_with_tls(url, certs)
+                .expect("the test CA is a valid PEM certificate")
+        }
+    }
+}
+
+/// Polls until `child` answers on `port`, exits, or 10 s pass.
+///
+/// The answer must be the child's own (`INFO`'s `process_id`): the port was
+/// free a moment before the child was started, and another test's server may
+/// have taken it since. Such a server answers while the child fails to bind
+/// and exits, and a test that went on with it would lose its connection when
+/// that other test ends (seen once in CI as a check's `broken pipe` in the
+/// middle of a fault).
+fn wait_ready(child: &mut Child, port: u16, tls: Option<&TestCa>) -> Startup {
     let deadline = Instant::now() + READY_TIMEOUT;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let client = client_for(port, tls);
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
             return Startup::Exited(status);
         }
-        // A TLS port is bound only once the server has loaded its certificate
-        // and is ready, so a completed TCP handshake is enough there.
-        let ready = if tls {
-            TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
-        } else {
-            answers_ping(addr).unwrap_or(false)
-        };
-        if ready {
+        if serving_pid(&client) == Some(child.id()) {
             return Startup::Ready;
         }
         sleep(Duration::from_millis(10));
@@ -594,13 +600,19 @@ fn wait_ready(child: &mut Child, port: u16, tls: bool) -> Startup {
     Startup::TimedOut
 }
 
-fn answers_ping(addr: SocketAddr) -> io::Result<bool> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(100))?;
-    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
-    stream.write_all(b"PING\r\n")?;
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply)?;
-    Ok(&reply == b"+PONG\r\n")
+/// The process id of the server that answers `client`, if one does.
+fn serving_pid(client: &redis::Client) -> Option<u32> {
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_millis(100))
+        .ok()?;
+    conn.set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn fail(mut child: Child, dir: &Path, port: u16, outcome: Startup) -> ! {

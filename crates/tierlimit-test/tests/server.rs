@@ -129,3 +129,51 @@ async fn drop_while_paused_kills_the_process() {
         "redis-server {pid} is still running after drop"
     );
 }
+
+/// A server of someone else's on the port (another test's, started on the
+/// port this one freed) is not taken for this one's: `restart` waits for its
+/// own process to answer, which cannot bind the port, and gives up with a
+/// panic instead of handing the test a server another test will kill.
+#[test]
+fn a_restart_never_takes_another_servers_answer_for_its_own() {
+    let mut ours = RedisServer::start();
+    let port = ours.port();
+    ours.kill9();
+    let dir = std::env::temp_dir().join(format!("tierlimit-foreign-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch dir");
+    let mut foreign = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server runs (scripts/ensure-redis installs it)");
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("valid URL");
+    let started = std::time::Instant::now();
+    while client
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the other server never answered"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ours.restart()));
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let why = restarted.expect_err("restart() went on with another process's server");
+    let why = why
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(
+        why.contains(&format!("127.0.0.1:{port} exited")),
+        "it gave up because its own server could not listen: {why}"
+    );
+}
