@@ -52,10 +52,17 @@ async fn stripe_counts(server: &RedisServer, set: &RuleSet) -> Vec<u64> {
     counts
 }
 
-/// Half the limit admitted on Redis (spread over the stripes), then an
-/// outage in which the local tier admits the key by the whole limit, then
+/// A quarter of the limit admitted on Redis (spread over the stripes), then
+/// an outage in which the local tier admits the key by the whole limit, then
 /// the heal: the stripes together count what Redis admitted plus what was
 /// written back, up to the limit, and no stripe beyond its share.
+///
+/// A quarter, not half: the local tier starts the key from what its last
+/// Redis check reported, one stripe's remaining times the stripes. Each
+/// check asks a stripe at random, so after half the limit the last check's
+/// stripe was full in about one run of fifty (CI saw it), and the local tier
+/// rightly had nothing to admit. After a quarter that takes all ten checks
+/// on one stripe: about four runs in a million.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_striped_key_writes_back_over_its_stripes() {
     let _serial = tierlimit_test::serial().await;
@@ -70,12 +77,12 @@ async fn a_striped_key_writes_back_over_its_stripes() {
         .with_policy(Policy::LocalFallback);
 
     let mut on_redis = 0;
-    for _ in 0..LIMIT / 2 {
+    for _ in 0..LIMIT / 4 {
         let d = limiter.check(HOT, &set, 1).await.expect("valid");
         assert_eq!((d.tier, d.limit), (Tier::Redis, LIMIT), "{d:?}");
         on_redis += u64::from(d.allowed);
     }
-    assert_eq!(on_redis, LIMIT / 2, "room on every stripe");
+    assert_eq!(on_redis, LIMIT / 4, "room on every stripe");
     assert_eq!(
         stripe_counts(&server, &set).await.iter().sum::<u64>(),
         on_redis
