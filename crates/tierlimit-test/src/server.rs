@@ -583,8 +583,8 @@ fn client_for(port: u16, tls: Option<&TestCa>) -> redis::Client {
 /// free a moment before the child was started, and another test's server may
 /// have taken it since. Such a server answers while the child fails to bind
 /// and exits, and a test that went on with it would lose its connection when
-/// that other test ends (seen once in CI as a check's `broken pipe` in the
-/// middle of a fault).
+/// that other test ends (the likely cause of a check's `broken pipe` in the
+/// middle of a blackhole, seen once in CI).
 fn wait_ready(child: &mut Child, port: u16, tls: Option<&TestCa>) -> Startup {
     let deadline = Instant::now() + READY_TIMEOUT;
     let client = client_for(port, tls);
