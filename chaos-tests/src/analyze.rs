@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-
 use std::time::Duration;
 
 use serde::Serialize;
@@ -400,6 +399,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     // Latency and errors. A decision is judged by its latency less what a
     // stall of the whole machine at its end explains.
     let max_lat = all.iter().map(|(_, d)| d.lat).max().unwrap_or(0);
+    let longest_stall = tl.stalls.iter().map(Stall::length).max();
     let max_own = all
         .iter()
         .map(|(_, d)| own_latency(d, &tl.stalls))
@@ -419,7 +419,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     }
     if max_own > bound {
         // Said on the FAIL line itself, which is what a CI log shows.
-        measured.push_str(&match tl.stalls.iter().map(Stall::length).max() {
+        measured.push_str(&match longest_stall {
             Some(longest) => format!(
                 "; the longest stall of the machine: {:.1} ms",
                 longest.as_secs_f64() * 1e3
@@ -729,13 +729,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
         },
     ));
 
-    if !tl.stalls.is_empty() {
-        let longest = tl
-            .stalls
-            .iter()
-            .map(Stall::length)
-            .max()
-            .unwrap_or_default();
+    if let Some(longest) = longest_stall {
         let first: Vec<String> = tl
             .stalls
             .iter()

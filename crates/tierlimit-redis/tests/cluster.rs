@@ -11,8 +11,8 @@
 //!   next check;
 //! * a master killed under load: keys on the other masters stay served,
 //!   every check within the deadline + 15 ms (less what a stall of the whole
-//!   machine at its end explains: `tierlimit_test::StallWatch`); the killed master's keys fail
-//!   within that bound and are served again once its replica is promoted;
+//!   machine at its end explains: `tierlimit_test::StallWatch`); the killed
+//!   master's keys fail within that bound and are served again once its replica is promoted;
 //! * a master hung: the other masters' keys are served all along, and its
 //!   own once its replica is promoted, while it is still hung.
 //!
@@ -373,10 +373,7 @@ async fn a_killed_master_fails_over_under_load() {
             let (mut ok, mut timings) = (0u64, Timings::default());
             let mut errors = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let start = Instant::now();
-                let r = tier.check(&key, &s, 1).await;
-                timings.add(start, start.elapsed());
-                match r {
+                match timings.time(tier.check(&key, &s, 1)).await {
                     Ok(_) => ok += 1,
                     Err(e) => errors.push(e.to_string()),
                 }
@@ -392,10 +389,7 @@ async fn a_killed_master_fails_over_under_load() {
     let (mut failed, mut victim_timings) = (0u64, Timings::default());
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     loop {
-        let start = Instant::now();
-        let r = tier.check(&victim_key, &s, 1).await;
-        victim_timings.add(start, start.elapsed());
-        match r {
+        match victim_timings.time(tier.check(&victim_key, &s, 1)).await {
             Ok(_) => break,
             Err(e) => {
                 failed += 1;
@@ -507,11 +501,9 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
             let (mut checks, mut failures, mut timings) = (0u64, Vec::new(), Timings::default());
             while !stop.load(Ordering::Relaxed) {
                 for key in &healthy_keys {
-                    let start = Instant::now();
-                    if let Err(e) = tier.check(key, &s, 1).await {
+                    if let Err(e) = timings.time(tier.check(key, &s, 1)).await {
                         failures.push(format!("{key}: {e}"));
                     }
-                    timings.add(start, start.elapsed());
                     checks += 1;
                 }
                 // A pace for the loop, not a wait for a condition.
@@ -558,10 +550,11 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     // Still hung: served by the promoted replica within the bound.
     let mut victim_timings = Timings::default();
     let back = loop {
-        let start = Instant::now();
-        let r = tier.check(&victim_key, &s, 1).await;
-        victim_timings.add(start, start.elapsed());
-        if r.is_ok() {
+        if victim_timings
+            .time(tier.check(&victim_key, &s, 1))
+            .await
+            .is_ok()
+        {
             break promoted.elapsed();
         }
         assert!(

@@ -2,9 +2,9 @@
 //! against a server paused with SIGSTOP every call (check, batch, ping,
 //! heartbeat, and a first call that still has to connect) fails with a Timeout
 //! within deadline + 20 ms (less what a stall of the whole machine at its end
-//! explains: `tierlimit_test::StallWatch`). Also: a tier made while Redis refuses connections
-//! works on the very next call once it accepts them, and `replace_connection`
-//! recovers from a socket that will never answer again.
+//! explains: `tierlimit_test::StallWatch`). Also: a tier made while Redis
+//! refuses connections works on the very next call once it accepts them, and
+//! `replace_connection` recovers from a socket that will never answer again.
 
 mod support;
 

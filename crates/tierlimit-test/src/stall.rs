@@ -200,6 +200,14 @@ impl Timings {
         self.calls.push((started, took));
     }
 
+    /// Awaits `call`, recording when it started and how long it took.
+    pub async fn time<F: Future>(&mut self, call: F) -> F::Output {
+        let started = Instant::now();
+        let output = call.await;
+        self.add(started, started.elapsed());
+        output
+    }
+
     /// Adds every call of `other`.
     pub fn merge(&mut self, other: Timings) {
         self.calls.extend(other.calls);
@@ -228,10 +236,8 @@ impl fmt::Debug for Timings {
 /// against `bound` as [`Stalls::judge`] does.
 pub async fn judged<F: Future>(call: F, bound: Duration) -> (F::Output, Result<Duration, String>) {
     let watch = StallWatch::start(Instant::now()).expect("the stall watch's thread starts");
-    let started = Instant::now();
-    let output = call.await;
     let mut timings = Timings::default();
-    timings.add(started, started.elapsed());
+    let output = timings.time(call).await;
     (output, watch.stop().judge(&timings, bound))
 }
 

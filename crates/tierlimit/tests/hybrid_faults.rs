@@ -3,10 +3,11 @@
 //!
 //! Bounds asserted for each fault: no check errs; none takes longer than the
 //! deadline + 15 ms (less what a stall of the whole machine at its end
-//! explains: `tierlimit_test::StallWatch`); once Open, p99 latency is under 1 ms; the breaker trips within
-//! 500 ms of a hang (200 ms of a refused connection) and closes within the
-//! cool-down + one probe after Redis returns; FailClosed admits nothing while
-//! Open and FailOpen admits everything; a decision the policy made because its
+//! explains: `tierlimit_test::StallWatch`); once Open, p99 latency is under
+//! 1 ms; the breaker trips within 500 ms of a hang (200 ms of a refused
+//! connection) and closes within the cool-down + one probe after Redis
+//! returns; FailClosed admits nothing while Open and FailOpen admits
+//! everything; a decision the policy made because its
 //! own Redis call failed says how the call failed, and one made while Open
 //! (no call) says nothing.
 

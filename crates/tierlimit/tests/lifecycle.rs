@@ -43,9 +43,10 @@ async fn the_first_checks_after_build_are_decided_by_a_healthy_redis() {
     let mut timings = Timings::default();
     for round in 0..LIMIT {
         for (i, limiter) in limiters.iter().enumerate() {
-            let started = Instant::now();
-            let d = limiter.check("k", &set, 1).await.expect("valid input");
-            timings.add(started, started.elapsed());
+            let d = timings
+                .time(limiter.check("k", &set, 1))
+                .await
+                .expect("valid input");
             assert!(
                 matches!(d.tier, Tier::Redis | Tier::DenyCache),
                 "round {round}, instance {i}: decided by {:?}, not Redis",
