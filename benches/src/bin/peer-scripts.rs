@@ -82,6 +82,17 @@
 //! tierlimit's µs per check both ways and both ratios; the target is judged
 //! for each.
 //!
+//! # On the caller's clock
+//!
+//! Two peers read no server clock: upstash takes the caller's time, and
+//! rate-limiter-flexible keeps none (a window is a key's TTL). tierlimit's
+//! check reads Redis' `TIME` unless the limiter is built with
+//! `client_time(true)`, which sends the caller's µs instead (`ARGV[1]`). For
+//! those two peers each pair also times tierlimit's check that way, one
+//! check per call at both depths: what the server's clock costs, and the
+//! comparison with the same source of time on both sides. The target is
+//! judged on the server's clock, the limiter's default.
+//!
 //! Output: stdout, and `<out>/peer_scripts.jsonl` (`<out>` is
 //! `$TIERLIMIT_BENCH_OUT` or `target/tierlimit-benches`), one line per
 //! algorithm and pipeline depth (`"kind": "peer_script"`, with `"measured":
@@ -131,6 +142,11 @@ struct Peer {
     args: fn(key: &str, now_ms: u64) -> Vec<String>,
     /// Whether the first element of the script's reply means admitted.
     admitted: fn(first: i64) -> bool,
+    /// Whether the script reads the server's clock (`TIME`). When it does
+    /// not (it takes the caller's time, or keeps no time at all), the bench
+    /// also times tierlimit's check on the caller's clock, as
+    /// `client_time(true)` sends it: the same source of time on both sides.
+    server_time: bool,
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -154,6 +170,7 @@ const PEERS: [Peer; 4] = [
         },
         // The reply starts with the units admitted (0 when denied).
         admitted: |first| first == 1,
+        server_time: true,
     },
     Peer {
         file: "scg_token_bucket.lua",
@@ -172,6 +189,7 @@ const PEERS: [Peer; 4] = [
             strings(&["2", &tokens, &stamp, "1000", "1000", "", "1"])
         },
         admitted: |first| first == 1,
+        server_time: true,
     },
     Peer {
         file: "upstash_sliding_window.lua",
@@ -193,6 +211,7 @@ const PEERS: [Peer; 4] = [
         },
         // The reply starts with the tokens remaining, -1 when denied.
         admitted: |first| first >= 0,
+        server_time: false,
     },
     Peer {
         file: "rlflexible_fixed_window.lua",
@@ -210,6 +229,7 @@ const PEERS: [Peer; 4] = [
         },
         // The reply starts with the points consumed in the window.
         admitted: |first| (1..=1000).contains(&first),
+        server_time: false,
     },
 ];
 
@@ -220,14 +240,26 @@ struct Sample {
     rps: f64,
 }
 
+/// One pair's samples at one pipeline depth.
+#[derive(Clone, Copy)]
+struct Pair {
+    /// tierlimit, one check per call, on the server's clock.
+    ours: Sample,
+    /// tierlimit batched, per check (unpipelined rows only).
+    batched: Option<Sample>,
+    /// tierlimit, one check per call, on the caller's clock (peers that
+    /// read no server clock only).
+    caller_clock: Option<Sample>,
+    peer: Sample,
+}
+
 /// A peer ready to run: its script's SHA1 and tierlimit's rule.
 struct Ready<'a> {
     peer: &'a Peer,
     sha: String,
     set: RuleSet,
-    /// Per pipeline depth: (tierlimit one check per call, tierlimit batched
-    /// per check, peer) samples, pair by pair.
-    samples: Vec<Vec<(Sample, Option<Sample>, Sample)>>,
+    /// Per pipeline depth, pair by pair.
+    samples: Vec<Vec<Pair>>,
 }
 
 fn main() {
@@ -320,9 +352,17 @@ fn main() {
                 let n = calls[p];
                 sample_id += 1;
                 let key = format!("s{sample_id}:__rand_int__");
-                let ours = fcall_args(&function, &r.set, &key);
+                let ours = fcall_args(&function, &r.set, &key, 0);
                 let a = side(&server, &mut conn, "fcall", &ours, pipeline, n);
                 probe_tierlimit(&mut conn, &ours, &key);
+                let caller_clock = (!r.peer.server_time).then(|| {
+                    sample_id += 1;
+                    let key = format!("s{sample_id}:__rand_int__");
+                    let args = fcall_args(&function, &r.set, &key, unix_micros());
+                    let sample = side(&server, &mut conn, "fcall", &args, pipeline, n);
+                    probe_tierlimit(&mut conn, &args, &key);
+                    sample
+                });
                 let per_check = (pipeline == 1).then(|| {
                     sample_id += 1;
                     let key = format!("s{sample_id}:__rand_int__");
@@ -340,17 +380,24 @@ fn main() {
                 let b = side(&server, &mut conn, "evalsha", &theirs, pipeline, n);
                 probe_peer(&mut conn, r.peer, &r.sha, &key);
                 eprintln!(
-                    "pair {}/{pairs} {:?} P{pipeline}: tierlimit {:.2} µs/call ({:.0}/s), batched {:?} µs/check, {} {:.2} µs/call ({:.0}/s)",
+                    "pair {}/{pairs} {:?} P{pipeline}: tierlimit {:.2} µs/call ({:.0}/s), batched {:?} µs/check, \
+                     caller's clock {:?} µs/call, {} {:.2} µs/call ({:.0}/s)",
                     pair + 1,
                     r.peer.algorithm,
                     a.usec_per_call,
                     a.rps,
                     per_check.map(|m| m.usec_per_call),
+                    caller_clock.map(|m| m.usec_per_call),
                     r.peer.name,
                     b.usec_per_call,
                     b.rps
                 );
-                r.samples[p].push((a, per_check, b));
+                r.samples[p].push(Pair {
+                    ours: a,
+                    batched: per_check,
+                    caller_clock,
+                    peer: b,
+                });
             }
         }
     }
@@ -359,25 +406,28 @@ fn main() {
     for r in &ready {
         for (p, &pipeline) in PIPELINES.iter().enumerate() {
             let s = &r.samples[p];
-            let ours: Vec<f64> = s.iter().map(|(a, _, _)| a.usec_per_call).collect();
-            let batched: Vec<f64> = s
-                .iter()
-                .filter_map(|(_, m, _)| m.map(|m| m.usec_per_call))
-                .collect();
-            let theirs: Vec<f64> = s.iter().map(|(_, _, b)| b.usec_per_call).collect();
+            let ours: Vec<f64> = s.iter().map(|x| x.ours.usec_per_call).collect();
+            let theirs: Vec<f64> = s.iter().map(|x| x.peer.usec_per_call).collect();
             let ratios: Vec<f64> = s
                 .iter()
-                .map(|(a, _, b)| a.usec_per_call / b.usec_per_call)
+                .map(|x| x.ours.usec_per_call / x.peer.usec_per_call)
                 .collect();
-            let batched_ratios: Vec<f64> = s
-                .iter()
-                .filter_map(|(_, m, b)| m.map(|m| m.usec_per_call / b.usec_per_call))
-                .collect();
+            // An optional side's µs per check and its per-pair ratios to the peer.
+            let optional = |side: fn(&Pair) -> Option<Sample>| -> (Vec<f64>, Vec<f64>) {
+                s.iter()
+                    .filter_map(|x| {
+                        side(x).map(|m| (m.usec_per_call, m.usec_per_call / x.peer.usec_per_call))
+                    })
+                    .unzip()
+            };
+            let (batched, batched_ratios) = optional(|x| x.batched);
+            let (clocked, clocked_ratios) = optional(|x| x.caller_clock);
             let spread = |v: &[f64]| Spread::of(v).expect("at least one pair");
             let (o, t, ratio) = (spread(&ours), spread(&theirs), spread(&ratios));
             let (m, batched_ratio) = (Spread::of(&batched), Spread::of(&batched_ratios));
-            let rps_a = spread(&s.iter().map(|(a, _, _)| a.rps).collect::<Vec<_>>()).median;
-            let rps_b = spread(&s.iter().map(|(_, _, b)| b.rps).collect::<Vec<_>>()).median;
+            let (c, clocked_ratio) = (Spread::of(&clocked), Spread::of(&clocked_ratios));
+            let rps_a = spread(&s.iter().map(|x| x.ours.rps).collect::<Vec<_>>()).median;
+            let rps_b = spread(&s.iter().map(|x| x.peer.rps).collect::<Vec<_>>()).median;
             let verdict = |r: Spread| if r.median <= TARGET { "met" } else { "MISSED" };
             let batched_text = match (m, batched_ratio) {
                 (Some(m), Some(r)) => format!(
@@ -392,9 +442,16 @@ fn main() {
                 ),
                 _ => "batched: not run at this depth".to_string(),
             };
+            let clocked_text = match (c, clocked_ratio) {
+                (Some(c), Some(r)) => format!(
+                    "; on the caller's clock {:.2} µs/call [{:.2}-{:.2}], ratio {:.3} [{:.3}-{:.3}]",
+                    c.median, c.min, c.max, r.median, r.min, r.max
+                ),
+                _ => String::new(),
+            };
             println!(
                 "peer-scripts/{:?}/P{pipeline}: tierlimit FCALL {:.2} µs/call [{:.2}-{:.2}] vs {} EVALSHA {:.2} µs/call [{:.2}-{:.2}]: \
-                 ratio {:.3} [{:.3}-{:.3}] over {} pairs (target <= {TARGET:.2}: {}); {batched_text}",
+                 ratio {:.3} [{:.3}-{:.3}] over {} pairs (target <= {TARGET:.2}: {}); {batched_text}{clocked_text}",
                 r.peer.algorithm,
                 o.median,
                 o.min,
@@ -429,6 +486,9 @@ fn main() {
                 "tierlimit_batched_usec_per_check": m.map(spread_json),
                 "batched_ratio": batched_ratio.map(spread_json),
                 "batched_ratios": batched_ratios,
+                "tierlimit_caller_clock_usec_per_call": c.map(spread_json),
+                "caller_clock_ratio": clocked_ratio.map(spread_json),
+                "caller_clock_ratios": clocked_ratios,
                 "tierlimit_usec_samples": ours,
                 "peer_usec_samples": theirs,
                 "tierlimit_rps": rps_a,
@@ -540,15 +600,16 @@ fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
     args
 }
 
-/// `FCALL <function> 1 <storage key> 0 1 42 <the rule's numbers>`: what the
-/// tier sends for one check of user `key` at server time, cost 1.
-fn fcall_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
+/// `FCALL <function> 1 <storage key> <now> 1 42 <the rule's numbers>`: what
+/// the tier sends for one check of user `key`, cost 1, at `now_us` (µs since
+/// the Unix epoch, the caller's clock) or, for 0, at the server's time.
+fn fcall_args(function: &str, set: &RuleSet, key: &str, now_us: u64) -> Vec<String> {
     let mut args = vec![
         "FCALL".to_string(),
         function.to_string(),
         "1".into(),
         set.storage_key(key, 0),
-        "0".into(),
+        now_us.to_string(),
         "1".into(),
         "42".into(),
     ];
@@ -556,13 +617,17 @@ fn fcall_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
     args
 }
 
-fn peer_args(r: &Ready<'_>, key: &str) -> Vec<String> {
-    let now_ms = std::time::SystemTime::now()
+/// The caller's clock: µs since the Unix epoch.
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("a clock after 1970")
-        .as_millis() as u64;
+        .as_micros() as u64
+}
+
+fn peer_args(r: &Ready<'_>, key: &str) -> Vec<String> {
     let mut args = vec!["EVALSHA".to_string(), r.sha.clone()];
-    args.extend((r.peer.args)(key, now_ms));
+    args.extend((r.peer.args)(key, unix_micros() / 1_000));
     args
 }
 
@@ -630,11 +695,7 @@ fn probe_batch(conn: &mut redis::Connection, args: &[String], key: &str) {
 
 fn probe_peer(conn: &mut redis::Connection, peer: &Peer, sha: &str, key: &str) {
     let mut args = vec!["EVALSHA".to_string(), sha.to_string()];
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("a clock after 1970")
-        .as_millis() as u64;
-    args.extend((peer.args)(key, now_ms));
+    args.extend((peer.args)(key, unix_micros() / 1_000));
     let reply: redis::Value = one_call(&args)
         .query(conn)
         .unwrap_or_else(|e| panic!("EVALSHA of {} on {key}: {e}", peer.file));
