@@ -462,8 +462,8 @@ PEER_DIFFERENCES = {
     " (`HMGET` of three fields, `HSET`), checks no argument, and answers 2"
     " integers where tierlimit's check answers 4 (a batched one 3). The clock"
     " is not what costs: timed on the caller's clock as well (stop 38,"
-    " below), tierlimit's check measured 1.26× and 1.27× the peer at P1 and"
-    " P16, against 1.29× and 1.43× on the server's in the same run.",
+    " below), tierlimit's check measured 1.41× and 1.48× the peer at P1 and"
+    " P16, against 1.37× and 1.51× on the server's in the same run.",
     "FixedWindow": "rate-limiter-flexible reads no clock: a window starts at"
     " a key's first request and lasts its TTL (`SET NX EX`, `INCRBY`, `PTTL`),"
     " so its windows are not aligned to the clock (no calendar hours or days,"
@@ -483,8 +483,8 @@ PEER_DIFFERENCES = {
     " so a new window costs one more command than the peer's `SET NX EX`"
     " unless the window is stored as a string, a storage change not made."
     " Nor is it the clock: on the caller's clock (no `TIME`, stop 38, below)"
-    " tierlimit's check measured 1.60× and 1.55× the peer at P1 and P16,"
-    " against 1.57× and 1.51× on the server's in the same run.",
+    " tierlimit's check measured 1.64× and 1.67× the peer at P1 and P16,"
+    " against 1.56× and 1.60× on the server's in the same run.",
 }
 
 
