@@ -461,9 +461,11 @@ PEER_DIFFERENCES = {
     " `PEXPIRE` once per window) where tierlimit keeps one hash per key"
     " (`HMGET` of three fields, `HSET`), checks no argument, and answers 2"
     " integers where tierlimit's check answers 4 (a batched one 3). The clock"
-    " is not what costs: timed on the caller's clock as well (stop 38,"
-    " below), tierlimit's check measured 1.41× and 1.48× the peer at P1 and"
-    " P16, against 1.37× and 1.51× on the server's in the same run.",
+    " is a small part of it: counted in instructions (callgrind, stop 38,"
+    " one check per call, hour-long windows, keys in use), tierlimit's check"
+    " costs Redis 68.1k reading `TIME` and 63.9k on the caller's clock"
+    " (`client_time(true)`; the caller's µs must be checked and converted),"
+    " against upstash's 48.6k: 1.40× and 1.31×.",
     "FixedWindow": "rate-limiter-flexible reads no clock: a window starts at"
     " a key's first request and lasts its TTL (`SET NX EX`, `INCRBY`, `PTTL`),"
     " so its windows are not aligned to the clock (no calendar hours or days,"
@@ -482,9 +484,14 @@ PEER_DIFFERENCES = {
     " stop 33's two runs). A hash has no write that sets its TTL too in Redis 7.0,"
     " so a new window costs one more command than the peer's `SET NX EX`"
     " unless the window is stored as a string, a storage change not made."
-    " Nor is it the clock: on the caller's clock (no `TIME`, stop 38, below)"
-    " tierlimit's check measured 1.64× and 1.67× the peer at P1 and P16,"
-    " against 1.56× and 1.60× on the server's in the same run.",
+    " Nor is it the clock, mostly: counted the same way (callgrind, stop 38,"
+    " one check per call, hour-long windows, keys in use), tierlimit's check"
+    " costs Redis 62.9k reading `TIME` and 58.7k on the caller's clock,"
+    " against the peer's 37.4k (1.68× and 1.57×). Taken apart with stub"
+    " functions: the call with a reply of 4 integers 23.8k (with none, 17.0k),"
+    " the argument checks 2.7k, `TIME` 9.6k, the `HMGET` and its conversions"
+    " 14.0k, the `HSET` 10.0k, the decision around them 3.8k; the peer's whole"
+    " call is 37.4k.",
 }
 
 
@@ -637,8 +644,9 @@ def caller_clock_rows(rows):
         " pairs also times tierlimit's check as a limiter built with"
         " `client_time(true)` sends it, the caller's µs in place of Redis' `TIME`"
         " (one check per call). Not judged: the target is on the server's clock,"
-        " the default. The last column is what reading the server's clock costs"
-        " in this run: the server-clock median over this one.",
+        " the default. The last column is the server-clock median over this one"
+        " in this run; time per call spreads by a third from sample to sample,"
+        " so the instruction counts in the \"why\" above say more.",
         "",
         "| algorithm | peer script | P | tierlimit µs/call, caller's clock (min–max) | ÷ peer (min–max) | server's clock ÷ caller's |",
         "|---|---|---:|---:|---:|---:|",

@@ -64,9 +64,9 @@ local n = int_seen('check batch', 'the number of requests', ARGV[1], 1000)
 local g = int_seen('check batch', 'the number of rule sets', ARGV[2], n)
 local nonce = ARGV[3]
 check_nonce('check batch', nonce)
-local now_s = ARGV[4]
-if now_s ~= '0' then
-  int_arg('check batch', 'now_us', now_s, 0, MAX_EXACT)
+local now = 0
+if ARGV[4] ~= '0' then
+  now = int_arg('check batch', 'now_us', ARGV[4], 0, MAX_EXACT)
 end
 
 -- Rule set s: { rules, args, nil, logs } once its numbers passed check.lua's
@@ -116,7 +116,7 @@ if k_end ~= #KEYS or a_end ~= #ARGV then
     .. ' keys and ' .. a_end .. ' arguments, but the call has ' .. #KEYS .. ' and ' .. #ARGV)
 end
 
-local now = call_now(now_s)
+now = call_now(now)
 local replies, o = { now }, 1
 -- The request under way (j) and where the keys (k) and arguments (a) of the
 -- requests before it end.

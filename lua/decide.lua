@@ -22,7 +22,8 @@
 --                             from its read, before any write.
 --   request_error(err)        the error reply of a request that raised err
 --                             (the caller's pcall caught it).
---   call_now(arg)             script_now(arg), with the server's TIME read at
+--   call_now(now)             now, the caller's clock as check_call_args
+--                             returned it; for 0, the server's TIME, read at
 --                             most once per call: the requests of one batch
 --                             are decided at one server time.
 --
@@ -49,14 +50,14 @@ local ZEROS = {
 }
 
 local server_now = nil
-local function call_now(arg)
-  if arg == '0' then
+local function call_now(now)
+  if now == 0 then
     if server_now == nil then
       server_now = server_time()
     end
     return server_now
   end
-  return script_now(arg)
+  return now
 end
 
 -- Refuses a request whose keys repeat one another (one key under two
@@ -100,16 +101,19 @@ local function int_seen(script, what, s, hi, which)
   return n
 end
 
--- Checks a request's now and cost; returns the cost.
+-- Checks a request's now and cost; returns the cost and the now (0: the
+-- server's TIME), for call_now. The now is converted here, once: a 16-digit
+-- text converted again cost Redis 3.2k instructions of a 62k check (callgrind).
 local function check_call_args(now_s, cost_s)
   -- "0" (the server's TIME) is by far the most common now.
+  local now = 0
   if now_s ~= '0' then
-    int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
+    now = int_arg('check', 'now_us', now_s, 0, MAX_EXACT)
   end
   -- A few distinct costs serve almost every check: their memo is looked up
   -- here, int_seen called only when it misses (a Lua call costs Redis about
   -- 1 % of a check).
-  return INTS_SEEN and INTS_SEEN[cost_s] or int_seen('check', 'cost', cost_s, MAX_LIMIT)
+  return INTS_SEEN and INTS_SEEN[cost_s] or int_seen('check', 'cost', cost_s, MAX_LIMIT), now
 end
 
 -- The checked arguments of `rules` rules at ARGV[a + 1 ..] (check_batch.lua's
@@ -253,7 +257,7 @@ local function check_one(k0, rules, a0)
   if rules > 1 then
     check_keys(k0, rules)
   end
-  local cost = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2])
+  local cost, now = check_call_args(ARGV[a0 + 1], ARGV[a0 + 2])
   check_nonce('check', ARGV[a0 + 3])
   if rules == 1 then
     -- No table of one rule's arguments (most sets have one rule).
@@ -261,7 +265,7 @@ local function check_one(k0, rules, a0)
     if cost > rule[4] then
       refuse_capacity(ARGV[a0 + 2], 1)
     end
-    local now = call_now(ARGV[a0 + 1])
+    now = call_now(now)
     return now, decide_one(k0, rule, now, cost, ARGV[a0 + 3])
   end
   for i = 1, rules do
@@ -271,7 +275,7 @@ local function check_one(k0, rules, a0)
     end
     ARGS[i] = rule
   end
-  local now = call_now(ARGV[a0 + 1])
+  now = call_now(now)
   -- Made at its full size (up to MAX_RULES' rules): grown item by item, it
   -- would be copied thrice for three rules.
   local reply = { now, 0, 0, unpack(ZEROS, 1, min(2 * rules, #ZEROS)) }
