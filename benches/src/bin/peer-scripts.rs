@@ -89,9 +89,11 @@
 //! check reads Redis' `TIME` unless the limiter is built with
 //! `client_time(true)`, which sends the caller's µs instead (`ARGV[1]`). For
 //! those two peers each pair also times tierlimit's check that way, one
-//! check per call at both depths: what the server's clock costs, and the
-//! comparison with the same source of time on both sides. The target is
-//! judged on the server's clock, the limiter's default.
+//! check per call at both depths: the comparison with the same source of
+//! time on both sides. The target is judged on the server's clock, the
+//! limiter's default. (What the clock itself costs is too small beside
+//! the spread of these timings to show here; `benches/render.py` gives it
+//! in instructions.)
 //!
 //! Output: stdout, and `<out>/peer_scripts.jsonl` (`<out>` is
 //! `$TIERLIMIT_BENCH_OUT` or `target/tierlimit-benches`), one line per
