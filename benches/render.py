@@ -488,7 +488,8 @@ PEER_DIFFERENCES = {
     " one check per call, hour-long windows, keys in use), tierlimit's check"
     " costs Redis 62.9k reading `TIME` and 58.7k on the caller's clock,"
     " against the peer's 37.4k (1.68× and 1.57×). Taken apart with stub"
-    " functions: the call with a reply of 4 integers 23.8k (with none, 17.0k),"
+    " functions: the call with a reply of 4 integers 23.8k (with a reply of 1,"
+    " 17.0k),"
     " the argument checks 2.7k, `TIME` 9.6k, the `HMGET` and its conversions"
     " 14.0k, the `HSET` 10.0k, the decision around them 3.8k; the peer's whole"
     " call is 37.4k.",
