@@ -287,6 +287,11 @@ def ratio_verdict(r):
     return f"**MISSED**: {median:.2f} > {target:.2f}"
 
 
+def rng(d, p=2):
+    """A spread record as `median (min–max)`, `p` decimals."""
+    return f"{d['median']:.{p}f} ({d['min']:.{p}f}–{d['max']:.{p}f})"
+
+
 def fmt_ns(ns):
     if ns >= 10_000:
         return f"{ns / 1000:,.1f} µs"
@@ -364,7 +369,6 @@ def script_table(rows):
     for r in rows:
         if r["algorithm"] not in algorithms:
             algorithms.append(r["algorithm"])
-    rng = lambda d, p: f"{d['median']:.{p}f} ({d['min']:.{p}f}–{d['max']:.{p}f})"
     for alg in algorithms:
         for rules in (1, 3):
             r = by.get((alg, rules))
@@ -488,11 +492,11 @@ PEER_DIFFERENCES = {
     " one check per call, hour-long windows, keys in use), tierlimit's check"
     " costs Redis 62.9k reading `TIME` and 58.7k on the caller's clock,"
     " against the peer's 37.4k (1.68× and 1.57×). Taken apart with stub"
-    " functions: the call with a reply of 4 integers 23.8k (with a reply of 1,"
-    " 17.0k),"
-    " the argument checks 2.7k, `TIME` 9.6k, the `HMGET` and its conversions"
-    " 14.0k, the `HSET` 10.0k, the decision around them 3.8k; the peer's whole"
-    " call is 37.4k.",
+    " functions (on a server already warm, where the check cost 63.8k): the"
+    " call with a reply of 4 integers 23.8k (with a reply of 1, 17.0k), the"
+    " argument checks 2.7k, `TIME` 9.6k, the `HMGET` and its conversions"
+    " 14.0k, the `HSET` 10.0k, the decision around them 3.7k; the peer's"
+    " whole call is 37.4k.",
 }
 
 
@@ -565,7 +569,6 @@ def peer_section(rows):
         "| algorithm | peer script | P | peer µs/call (min–max) | tierlimit µs/call, one check per call (min–max) | ÷ peer (min–max) | tierlimit µs/check, batches of 16 (min–max) | ÷ peer (min–max) | pairs | target ≤ 1.0: one per call; batched |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    rng = lambda d: f"{d['median']:.2f} ({d['min']:.2f}–{d['max']:.2f})"
     sources = []
     met = {}
     counted = {}
@@ -637,7 +640,6 @@ def caller_clock_rows(rows):
     ]
     if not clocked:
         return []
-    rng = lambda d: f"{d['median']:.2f} ({d['min']:.2f}–{d['max']:.2f})"
     out = [
         "",
         "On the caller's clock: two peers read no server clock (upstash takes the"

@@ -102,8 +102,9 @@ local function int_seen(script, what, s, hi, which)
 end
 
 -- Checks a request's now and cost; returns the cost and the now (0: the
--- server's TIME), for call_now. The now is converted here, once: a 16-digit
--- text converted again cost Redis 3.2k instructions of a 62k check (callgrind).
+-- server's TIME), for call_now. The now is converted here, once: converting
+-- its 16 digits again cost Redis 2.3k of a fixed-window check's 62.8k
+-- instructions (callgrind, one check per call).
 local function check_call_args(now_s, cost_s)
   -- "0" (the server's TIME) is by far the most common now.
   local now = 0

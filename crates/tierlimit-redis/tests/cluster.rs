@@ -12,7 +12,8 @@
 //! * a master killed under load: keys on the other masters stay served,
 //!   every check within the deadline + 15 ms (less what a stall of the whole
 //!   machine at its end explains: `tierlimit_test::StallWatch`); the killed
-//!   master's keys fail within that bound and are served again once its replica is promoted;
+//!   master's keys fail within that bound and are served again once its
+//!   replica is promoted;
 //! * a master hung: the other masters' keys are served all along, and its
 //!   own once its replica is promoted, while it is still hung.
 //!

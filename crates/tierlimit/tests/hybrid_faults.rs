@@ -7,9 +7,8 @@
 //! 1 ms; the breaker trips within 500 ms of a hang (200 ms of a refused
 //! connection) and closes within the cool-down + one probe after Redis
 //! returns; FailClosed admits nothing while Open and FailOpen admits
-//! everything; a decision the policy made because its
-//! own Redis call failed says how the call failed, and one made while Open
-//! (no call) says nothing.
+//! everything; a decision the policy made because its own Redis call failed
+//! says how the call failed, and one made while Open (no call) says nothing.
 
 mod support;
 
