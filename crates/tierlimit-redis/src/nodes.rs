@@ -2,7 +2,11 @@
 //! failed a call lately.
 //!
 //! The tier routes every call itself by this map (see `cluster.rs`), so a
-//! failed master holds up only the calls for its own slots.
+//! failed master holds up only the calls for its own slots. A call's outcome
+//! counts for the master it was sent to ([`Nodes::master_of`] when it was
+//! sent), not for whichever master serves its slot when the answer comes: a
+//! call to a hung master that times out just after its replica took over
+//! must not mark the replica down.
 //! [`FAILURES_TO_MARK`] calls in a row that fail on a master mark it down
 //! for a short while (one call that passed its deadline does not). Until
 //! then, checks of keys in its slots fail at once, with no I/O
@@ -31,9 +35,10 @@ pub(crate) const FAILURES_TO_MARK: u32 = 3;
 /// No master is known for a slot.
 const UNKNOWN: u16 = u16::MAX;
 
-/// One master as `CLUSTER SLOTS` names it.
+/// One master as `CLUSTER SLOTS` names it, shared by every map that names
+/// it (see [`Nodes::replace`]).
 #[derive(Debug)]
-struct Master {
+pub(crate) struct Master {
     /// `host:port` (`[host]:port` for an IPv6 address).
     addr: String,
     /// Until when (µs on the tier's monotonic clock) its slots fail at once;
@@ -48,7 +53,7 @@ struct Master {
 /// Slot -> master, as one `CLUSTER SLOTS` reply said.
 #[derive(Debug)]
 pub(crate) struct SlotMap {
-    masters: Vec<Master>,
+    masters: Vec<Arc<Master>>,
     /// Index into `masters` for each slot, or [`UNKNOWN`].
     owner: Box<[u16]>,
 }
@@ -99,12 +104,12 @@ impl SlotMap {
             let index = match map.masters.iter().position(|m| m.addr == addr) {
                 Some(index) => index,
                 None => {
-                    map.masters.push(Master {
+                    map.masters.push(Arc::new(Master {
                         addr,
                         down_until: AtomicU64::new(0),
                         failures: AtomicU32::new(0),
                         batcher: Arc::new(Batcher::new(max_batch)),
-                    });
+                    }));
                     map.masters.len() - 1
                 }
             };
@@ -114,7 +119,7 @@ impl SlotMap {
         Some(map)
     }
 
-    fn master(&self, slot: u16) -> Option<&Master> {
+    fn master(&self, slot: u16) -> Option<&Arc<Master>> {
         let index = *self.owner.get(usize::from(slot))?;
         self.masters.get(usize::from(index))
     }
@@ -172,6 +177,13 @@ impl Nodes {
         map.master(slot).map(|master| with(&master.addr))
     }
 
+    /// The master that serves `slot` now, `None` when none is known: what a
+    /// call for the slot, sent now, goes to, and what its outcome counts for
+    /// ([`failed`](Self::failed), [`succeeded`](Self::succeeded)).
+    pub(crate) fn master_of(&self, slot: u16) -> Option<Arc<Master>> {
+        self.map.load().master(slot).map(Arc::clone)
+    }
+
     /// A master that is not down at `now`, another at each call (all of
     /// them in turn when every one is down); `None` before the first map.
     pub(crate) fn any_master(&self, now: u64) -> Option<String> {
@@ -212,13 +224,12 @@ impl Nodes {
         (master.down_until.load(Ordering::Acquire) > now).then(|| master.addr.clone())
     }
 
-    /// A call for `slot` failed at `now` (µs): after [`FAILURES_TO_MARK`]
-    /// in a row its master is down for a while (and again at each failure
-    /// after that, until a call succeeds). Answers the master's address when
-    /// this failure marks it down and it was not down before.
-    pub(crate) fn failed(&self, slot: u16, now: u64) -> Option<String> {
-        let map = self.map.load();
-        let master = map.master(slot)?;
+    /// A call sent to `master` failed at `now` (µs): after
+    /// [`FAILURES_TO_MARK`] in a row it is down for a while (and again at
+    /// each failure after that, until a call succeeds). Answers its address
+    /// when this failure marks it down and it was not down before. A master
+    /// no map names any more keeps its count, which no check reads.
+    pub(crate) fn failed<'m>(&self, master: &'m Master, now: u64) -> Option<&'m str> {
         if master.failures.fetch_add(1, Ordering::AcqRel) + 1 < FAILURES_TO_MARK {
             return None;
         }
@@ -226,32 +237,25 @@ impl Nodes {
         let was = master
             .down_until
             .fetch_max(now.saturating_add(down_for), Ordering::AcqRel);
-        (was <= now).then(|| master.addr.clone())
+        (was <= now).then_some(master.addr.as_str())
     }
 
-    /// A call for `slot` succeeded: its master's failures in a row start again.
-    pub(crate) fn succeeded(&self, slot: u16) {
-        let map = self.map.load();
-        if let Some(master) = map.master(slot)
-            && master.failures.load(Ordering::Relaxed) != 0
-        {
+    /// A call sent to `master` succeeded: its failures in a row start again.
+    pub(crate) fn succeeded(&self, master: &Master) {
+        if master.failures.load(Ordering::Relaxed) != 0 {
             master.failures.store(0, Ordering::Release);
         }
     }
 
-    /// True when `slot`'s master failed its last call while another master
-    /// that is not down at `now` did not: one master's fault, which this map
-    /// answers by marking that master down, not an outage of the deployment.
-    /// False with one master, before the first map, and once every master
-    /// fails.
-    pub(crate) fn failing_alone(&self, slot: u16, now: u64) -> bool {
-        let map = self.map.load();
-        let Some(master) = map.master(slot) else {
-            return false;
-        };
+    /// True when `master` failed its last call while another master of the
+    /// map in force that is not down at `now` did not: one master's fault,
+    /// which this map answers by marking that master down, not an outage of
+    /// the deployment. False with one master, before the first map, and once
+    /// every master fails.
+    pub(crate) fn failing_alone(&self, master: &Master, now: u64) -> bool {
         master.failures.load(Ordering::Acquire) > 0
-            && map.masters.iter().any(|m| {
-                !std::ptr::eq(m, master)
+            && self.map.load().masters.iter().any(|m| {
+                !std::ptr::eq(&**m, master)
                     && m.failures.load(Ordering::Acquire) == 0
                     && m.down_until.load(Ordering::Acquire) <= now
             })
@@ -265,21 +269,16 @@ impl Nodes {
             .any(|m| m.down_until.load(Ordering::Acquire) > now)
     }
 
-    /// Takes `fresh` as the map in force. A master in both keeps its down
-    /// mark and its batcher (with the checks queued in it); a master that
-    /// serves no slot any more (failed over) is gone with its mark, so its
-    /// slots' new master is asked at once.
+    /// Takes `fresh` as the map in force. A master in both is the same
+    /// [`Master`], with its down mark, its failures in a row and its batcher
+    /// (with the checks queued in it); a master that serves no slot any more
+    /// (failed over) is gone with its mark, so its slots' new master is
+    /// asked at once.
     pub(crate) fn replace(&self, mut fresh: SlotMap) {
         let old = self.map.load();
         for master in &mut fresh.masters {
             if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
-                master.batcher = Arc::clone(&before.batcher);
-                master
-                    .down_until
-                    .store(before.down_until.load(Ordering::Acquire), Ordering::Release);
-                master
-                    .failures
-                    .store(before.failures.load(Ordering::Acquire), Ordering::Release);
+                *master = Arc::clone(before);
             }
         }
         self.map.store(Arc::new(fresh));
@@ -289,6 +288,26 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calls of these tests, each sent to its slot's master of the map
+    /// in force and answered at once.
+    impl Nodes {
+        fn fail_at(&self, slot: u16, now: u64) -> Option<String> {
+            let master = self.master_of(slot)?;
+            self.failed(&master, now).map(str::to_string)
+        }
+
+        fn answer_at(&self, slot: u16) {
+            if let Some(master) = self.master_of(slot) {
+                self.succeeded(&master);
+            }
+        }
+
+        fn alone_at(&self, slot: u16, now: u64) -> bool {
+            self.master_of(slot)
+                .is_some_and(|master| self.failing_alone(&master, now))
+        }
+    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
@@ -355,18 +374,18 @@ mod tests {
     #[test]
     fn a_failed_master_is_down_for_its_own_slots_only_and_for_a_while() {
         let nodes = Nodes::new(Duration::from_millis(500));
-        assert_eq!(nodes.failed(0, 0), None, "no map yet: nothing to mark");
+        assert_eq!(nodes.fail_at(0, 0), None, "no map yet: nothing to mark");
         nodes.replace(three_masters());
         for _ in 1..FAILURES_TO_MARK {
-            assert_eq!(nodes.failed(100, 1_000), None, "not yet: fewer in a row");
+            assert_eq!(nodes.fail_at(100, 1_000), None, "not yet: fewer in a row");
             assert_eq!(nodes.down(100, 1_000), None, "not yet: fewer in a row");
         }
         assert_eq!(
-            nodes.failed(100, 1_000).as_deref(),
+            nodes.fail_at(100, 1_000).as_deref(),
             Some("127.0.0.1:7000"),
             "marked down by this failure"
         );
-        assert_eq!(nodes.failed(100, 1_000), None, "already down");
+        assert_eq!(nodes.fail_at(100, 1_000), None, "already down");
         assert_eq!(nodes.down(5460, 1_000).as_deref(), Some("127.0.0.1:7000"));
         assert_eq!(nodes.down(5461, 1_000), None, "another master's slot");
         assert_eq!(nodes.down(16383, 1_000), None, "another master's slot");
@@ -378,7 +397,7 @@ mod tests {
         assert_eq!(nodes.down(0, 501_000), None, "asked again after the while");
         assert!(!nodes.any_down(501_000));
         // Still failing after the while: down again at once.
-        assert!(nodes.failed(0, 502_000).is_some(), "down again");
+        assert!(nodes.fail_at(0, 502_000).is_some(), "down again");
         assert!(nodes.down(0, 502_001).is_some());
     }
 
@@ -388,59 +407,50 @@ mod tests {
         nodes.replace(three_masters());
         for _ in 0..10 {
             for _ in 1..FAILURES_TO_MARK {
-                nodes.failed(0, 0);
+                nodes.fail_at(0, 0);
             }
-            nodes.succeeded(1);
+            nodes.answer_at(1);
         }
         assert_eq!(nodes.down(0, 1), None, "never {FAILURES_TO_MARK} in a row");
         // Another master's success does not reset this one's run.
         for _ in 1..FAILURES_TO_MARK {
-            nodes.failed(0, 0);
+            nodes.fail_at(0, 0);
         }
-        nodes.succeeded(6_000);
-        nodes.failed(0, 0);
+        nodes.answer_at(6_000);
+        nodes.fail_at(0, 0);
         assert!(nodes.down(0, 1).is_some());
     }
 
     #[test]
     fn a_master_fails_alone_while_another_answers_and_not_once_all_fail() {
         let nodes = Nodes::new(Duration::from_secs(1));
-        assert!(!nodes.failing_alone(0, 0), "no map yet");
+        assert!(!nodes.alone_at(0, 0), "no map yet");
         nodes.replace(three_masters());
-        assert!(!nodes.failing_alone(0, 0), "no failure yet");
-        nodes.failed(0, 0);
-        assert!(
-            nodes.failing_alone(0, 0),
-            "7000 failed, 7002 and 7004 did not"
-        );
-        assert!(!nodes.failing_alone(6_000, 0), "7002 did not fail");
-        nodes.failed(6_000, 0);
-        assert!(nodes.failing_alone(0, 0), "7004 still answers");
-        nodes.failed(12_000, 0);
-        assert!(!nodes.failing_alone(0, 0), "every master fails: an outage");
-        assert!(
-            !nodes.failing_alone(12_000, 0),
-            "every master fails: an outage"
-        );
-        nodes.succeeded(12_000);
-        assert!(nodes.failing_alone(0, 0), "7004 answers again");
+        assert!(!nodes.alone_at(0, 0), "no failure yet");
+        nodes.fail_at(0, 0);
+        assert!(nodes.alone_at(0, 0), "7000 failed, 7002 and 7004 did not");
+        assert!(!nodes.alone_at(6_000, 0), "7002 did not fail");
+        nodes.fail_at(6_000, 0);
+        assert!(nodes.alone_at(0, 0), "7004 still answers");
+        nodes.fail_at(12_000, 0);
+        assert!(!nodes.alone_at(0, 0), "every master fails: an outage");
+        assert!(!nodes.alone_at(12_000, 0), "every master fails: an outage");
+        nodes.answer_at(12_000);
+        assert!(nodes.alone_at(0, 0), "7004 answers again");
         // A master that answered last but is down does not count as answering.
         let nodes = Nodes::new(Duration::from_secs(1));
         nodes.replace(masters_on([7000, 7002, 7002]));
-        nodes.failed(0, 0);
+        nodes.fail_at(0, 0);
         for _ in 0..FAILURES_TO_MARK {
-            nodes.failed(6_000, 0);
+            nodes.fail_at(6_000, 0);
         }
-        nodes.succeeded(6_000);
-        assert!(!nodes.failing_alone(0, 10), "7002 answered, but is down");
-        assert!(nodes.failing_alone(0, 1_000_001), "7002 answered and is up");
+        nodes.answer_at(6_000);
+        assert!(!nodes.alone_at(0, 10), "7002 answered, but is down");
+        assert!(nodes.alone_at(0, 1_000_001), "7002 answered and is up");
         let one = Nodes::new(Duration::from_secs(1));
         one.replace(masters_on([7000, 7000, 7000]));
-        one.failed(0, 0);
-        assert!(
-            !one.failing_alone(0, 0),
-            "one master is the whole deployment"
-        );
+        one.fail_at(0, 0);
+        assert!(!one.alone_at(0, 0), "one master is the whole deployment");
     }
 
     #[test]
@@ -452,7 +462,7 @@ mod tests {
         seen.sort();
         assert_eq!(seen, nodes.masters(), "each master in turn");
         for _ in 0..FAILURES_TO_MARK {
-            nodes.failed(0, 0);
+            nodes.fail_at(0, 0);
         }
         for _ in 0..6 {
             assert_ne!(nodes.any_master(1).as_deref(), Some("127.0.0.1:7000"));
@@ -484,8 +494,8 @@ mod tests {
         let nodes = Nodes::new(Duration::from_secs(1));
         nodes.replace(three_masters());
         for _ in 0..FAILURES_TO_MARK {
-            nodes.failed(0, 0);
-            nodes.failed(6_000, 0);
+            nodes.fail_at(0, 0);
+            nodes.fail_at(6_000, 0);
         }
         nodes.replace(three_masters());
         assert!(nodes.down(0, 10).is_some(), "the same map keeps the mark");
@@ -497,5 +507,37 @@ mod tests {
             "the promoted replica is asked at once"
         );
         assert_eq!(nodes.down(6_000, 10).as_deref(), Some("127.0.0.1:7002"));
+    }
+
+    /// A call sent before the map changed counts for the master it went to:
+    /// the hung master's late timeouts never mark its promoted replica down,
+    /// nor make its failures look like the replica's.
+    #[test]
+    fn a_late_answer_counts_for_the_master_it_was_sent_to() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters());
+        let sent = nodes.master_of(0).expect("a master");
+        // 7000's replica (7001) was promoted while the calls were in flight.
+        nodes.replace(masters_on([7001, 7002, 7004]));
+        for _ in 0..FAILURES_TO_MARK {
+            nodes.failed(&sent, 0);
+        }
+        assert_eq!(nodes.down(0, 1), None, "the replica was never asked");
+        assert!(!nodes.alone_at(0, 1), "the replica has not failed");
+        assert!(
+            nodes.failing_alone(&sent, 1),
+            "the old master's failures are its own while others answer"
+        );
+        // And a master both maps name is one master: its count goes on.
+        let kept = nodes.master_of(6_000).expect("a master");
+        nodes.failed(&kept, 0);
+        nodes.replace(masters_on([7001, 7002, 7004]));
+        for _ in 1..FAILURES_TO_MARK {
+            nodes.fail_at(6_000, 0);
+        }
+        assert!(
+            nodes.down(6_000, 1).is_some(),
+            "{FAILURES_TO_MARK} in a row"
+        );
     }
 }

@@ -22,7 +22,7 @@ use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slo
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
 use crate::failure::{classify, classify_server, timeout};
-use crate::nodes::{Nodes, SlotMap};
+use crate::nodes::{Master, Nodes, SlotMap};
 use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::{Head, Routine, ScriptMode, as_evalsha};
 use crate::stripe::{first_stripe, stripe_set};
@@ -385,27 +385,28 @@ impl RedisTier {
         let head = self.head(Routine::Check);
         let cmd = &command::check(head, set, escaped, now, cost, nonce);
         let slot = self.slot_of_check(escaped);
-        let result = self
+        let call = self
             .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
                 send_refused_once(conn, |c| self.run(c, cmd, slot))
             })
-            .await
-            .map_err(Failure::into_error)
-            .and_then(|reply| parse_verdict(reply, set));
+            .await;
         Checked {
-            counts_call: result.is_ok() || self.failure_speaks(slot),
-            result,
+            counts_call: call.speaks,
+            result: call
+                .outcome
+                .map_err(Failure::into_error)
+                .and_then(|reply| parse_verdict(reply, set)),
         }
     }
 
-    /// Whether a failed call for `slot` speaks for the deployment to a
-    /// circuit breaker (every answer does): every failure on one server; on
-    /// a Cluster, not a failure of one master while another answers (see
-    /// `Nodes::failing_alone`): a few in a row mark that master down
-    /// instead, and one master's fault is not an outage.
-    fn failure_speaks(&self, slot: u16) -> bool {
-        !self.inner.backend.is_cluster()
-            || !self.inner.nodes.failing_alone(slot, self.monotonic_us())
+    /// Whether a failed call sent to `master` (`None` on one server)
+    /// speaks for the deployment to a circuit breaker (every answer does):
+    /// every failure on one server; on a Cluster, not a failure of one master
+    /// while another answers (see `Nodes::failing_alone`): a few in a row
+    /// mark that master down instead, and one master's fault is not an
+    /// outage.
+    fn failure_speaks(&self, master: Option<&Master>) -> bool {
+        master.is_none_or(|m| !self.inner.nodes.failing_alone(m, self.monotonic_us()))
     }
 
     /// Whether `error`, the failure of a check of `key`, is one a circuit
@@ -423,7 +424,9 @@ impl RedisTier {
     pub fn failure_counts(&self, key: &CheckKey<'_>, error: &Error) -> bool {
         match error.redis_failure() {
             None | Some(tierlimit_core::RedisFailure::NodeDown) => false,
-            Some(_) => self.failure_speaks(self.slot_of_check(key.escaped())),
+            Some(_) => {
+                self.failure_speaks(self.sent_to(self.slot_of_check(key.escaped())).as_deref())
+            }
         }
     }
 
@@ -512,27 +515,33 @@ impl RedisTier {
         } else {
             left
         };
+        let speaks;
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
             let head = self.head(Routine::Check);
             let cmd = &command::check(head, &q.set, &q.escaped, q.now, q.cost, q.nonce);
-            let reply = self
+            let call = self
                 .call_slot(&self.inner.conn, budget, slot, |conn| {
                     send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
+            speaks = call.speaks;
             vec![
-                reply
+                call.outcome
                     .map_err(Failure::into_error)
                     .and_then(|r| parse_verdict(r, &q.set)),
             ]
         } else {
             let cmd = &command::check_batch(self.head(Routine::CheckBatch), &batch);
-            let reply = self
+            let call = self
                 .call_slot(&self.inner.conn, budget, slot, |conn| {
                     send_refused_once(conn, |c| self.run(c, cmd, slot))
                 })
                 .await;
-            match reply.map(|r| parse_batch(r, batch.iter().map(|q| &q.set))) {
+            speaks = call.speaks;
+            match call
+                .outcome
+                .map(|r| parse_batch(r, batch.iter().map(|q| &q.set)))
+            {
                 Ok(Ok(results)) => results,
                 Ok(Err(what)) => {
                     let what = format!("batch script answered {what} for {} checks", batch.len());
@@ -550,9 +559,7 @@ impl RedisTier {
             }
         };
         let reports = reporter(&results);
-        let counts = results
-            .get(reports)
-            .is_some_and(|r| r.is_ok() || self.failure_speaks(slot));
+        let counts = results.get(reports).is_some_and(|r| r.is_ok() || speaks);
         for (i, (q, result)) in batch.into_iter().zip(results).enumerate() {
             // A caller that gave up meanwhile dropped its receiver: nothing to do.
             let _ = q.tx.send(Checked {
@@ -689,6 +696,7 @@ impl RedisTier {
                 send_refused_once(conn, |c| self.run(c, cmd, slot))
             })
             .await
+            .outcome
             .map_err(Failure::into_error)?;
         redis::from_redis_value(reply).map_err(|e| {
             Error::redis(
@@ -791,12 +799,12 @@ impl RedisTier {
             .zip(&pipes)
             .map(|((slot, _), pipe)| async move {
                 let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
-                let outcome = self
+                let call = self
                     .call_slot(conn, self.inner.deadline, *slot, |c| {
                         self.pipeline_routines(c, pipe, &mut replies, Some(*slot))
                     })
                     .await;
-                (replies, outcome.err())
+                (replies, call.outcome.err())
             })
             .collect();
         let mut answers = join_all(calls).await;
@@ -1108,15 +1116,12 @@ impl RedisTier {
         ))
     }
 
-    /// A call for `slot` through `conn` failed: on a Cluster, when the fault
-    /// is the node's (no answer, refused, lost, or the cluster moving the
-    /// slot), it counts against its master (see `nodes.rs`: a few in a row
-    /// mark it down for [`NODE_DOWN_FOR`], and its connection is dropped)
-    /// and the slot map is read again.
-    fn node_failed(&self, conn: &ArcSwapOption<Conn>, slot: u16, failure: &Failure) {
-        if !self.inner.backend.is_cluster() {
-            return;
-        }
+    /// A call sent through `conn` to Cluster master `master` failed: when
+    /// the fault is the node's (no answer, refused, lost, or the cluster
+    /// moving the slot), it counts against that master (see `nodes.rs`: a
+    /// few in a row mark it down for [`NODE_DOWN_FOR`], and its connection
+    /// is dropped) and the slot map is read again.
+    fn node_failed(&self, conn: &ArcSwapOption<Conn>, master: &Master, failure: &Failure) {
         let kind = match failure {
             Failure::Timeout => Some(RedisFailure::Timeout),
             Failure::Redis(_) => failure.to_error().redis_failure(),
@@ -1132,20 +1137,23 @@ impl RedisTier {
                     | RedisFailure::Loading
             )
         ) {
-            if let Some(addr) = self.inner.nodes.failed(slot, self.monotonic_us())
+            if let Some(addr) = self.inner.nodes.failed(master, self.monotonic_us())
                 && let Some(conn) = conn.load().as_deref()
             {
-                conn.forget(&addr);
+                conn.forget(addr);
             }
             self.refresh_slots();
         }
     }
 
-    /// A call for `slot` got its reply: on a Cluster, its master's failures
-    /// in a row start again.
-    fn node_answered(&self, slot: u16) {
+    /// On a Cluster, the master a call for `slot` sent now goes to, which
+    /// its outcome counts for; `None` on one server (or before the slot map
+    /// is read).
+    fn sent_to(&self, slot: u16) -> Option<Arc<Master>> {
         if self.inner.backend.is_cluster() {
-            self.inner.nodes.succeeded(slot);
+            self.inner.nodes.master_of(slot)
+        } else {
+            None
         }
     }
 
@@ -1281,24 +1289,31 @@ impl RedisTier {
 
     /// [`call_on`](Self::call_on) for keys in hash `slot`: on a Cluster it
     /// goes to the slot's master, and its outcome counts for or against that
-    /// master (see [`node_failed`](Self::node_failed)).
+    /// master (see [`node_failed`](Self::node_failed)), the one it was sent
+    /// to even when the slot has another by the time it ends.
     async fn call_slot<T, F, Fut>(
         &self,
         conn: &ArcSwapOption<Conn>,
         budget: Duration,
         slot: u16,
         op: F,
-    ) -> std::result::Result<T, Failure>
+    ) -> SlotCall<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        let master = self.sent_to(slot);
         let outcome = self.call_on(conn, budget, |c| op(c.at(slot))).await;
-        match &outcome {
-            Ok(_) => self.node_answered(slot),
-            Err(failure) => self.node_failed(conn, slot, failure),
+        if let Some(master) = master.as_deref() {
+            match &outcome {
+                Ok(_) => self.inner.nodes.succeeded(master),
+                Err(failure) => self.node_failed(conn, master, failure),
+            }
         }
-        outcome
+        SlotCall {
+            speaks: outcome.is_ok() || self.failure_speaks(master.as_deref()),
+            outcome,
+        }
     }
 
     /// The connection in `slot`, created lazily (no I/O here: it connects on
@@ -1465,6 +1480,15 @@ fn answered(answer: Option<Checked>) -> Checked {
         result: Err(timeout()),
         counts_call: false,
     })
+}
+
+/// What a call for one hash slot came to (see [`RedisTier::call_slot`]).
+struct SlotCall<T> {
+    outcome: std::result::Result<T, Failure>,
+    /// Whether a circuit breaker should hear of it: every answer, and every
+    /// failure but one master's alone on a Cluster (see
+    /// [`RedisTier::failure_speaks`]).
+    speaks: bool,
 }
 
 /// A call of `checks` checks in flight: when it ends, however it ends (its
