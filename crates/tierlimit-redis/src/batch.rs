@@ -76,7 +76,10 @@ impl<'a> CheckKey<'a> {
     }
 }
 
-/// One check's outcome from [`RedisTier::check_key`](crate::RedisTier::check_key).
+/// One check's outcome from [`RedisTier::check_key`](crate::RedisTier::check_key)
+/// (`T` a [`Verdict`]), or from
+/// [`RedisTier::check_after_key`](crate::RedisTier::check_after_key) (the
+/// verdict and the write-backs' outcomes).
 ///
 /// # Examples
 ///
@@ -92,9 +95,9 @@ impl<'a> CheckKey<'a> {
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Checked {
+pub struct Checked<T = Verdict> {
     /// The verdict, or the error a lone call would have met.
-    pub result: Result<Verdict>,
+    pub result: Result<T>,
     /// True for exactly one check of each script call: the first whose result
     /// is a Redis fault if any is, else the first. A circuit breaker that
     /// records only these counts a batch of N checks as the one call it was,
@@ -102,7 +105,8 @@ pub struct Checked {
     /// deadline passed before its batch was sent): the call it waited behind
     /// reports itself. False for every check of a call that failed on one
     /// Cluster master while another answers: that master's fault, not the
-    /// deployment's (see [`RedisTier::failure_counts`](crate::RedisTier::failure_counts)).
+    /// deployment's. False for bad input and for a check answered unsent
+    /// ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)): no call.
     pub counts_call: bool,
 }
 

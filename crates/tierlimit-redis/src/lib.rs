@@ -72,7 +72,8 @@
 //! when there is one. A master's failures are its own while another master
 //! answers: a few in a row mark it down for a while (its keys then get
 //! [`RedisFailure::NodeDown`](tierlimit_core::RedisFailure::NodeDown) at once), and a circuit breaker does not
-//! hear of them ([`Checked::counts_call`], [`RedisTier::failure_counts`]);
+//! hear of them ([`Checked::counts_call`]: a call's vote goes with the
+//! master it was sent to, even once a replica serves its slot);
 //! once every master fails, it does.
 //!
 //! # TLS and ACL users

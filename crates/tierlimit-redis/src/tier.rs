@@ -283,8 +283,7 @@ impl RedisTier {
     /// queued or in a call. When a call fails, every check of it fails as a
     /// lone call would, and one of them has [`Checked::counts_call`] set, so a
     /// circuit breaker counts one failed call, not one per check (none on a
-    /// Cluster when the call's master fails alone: see
-    /// [`failure_counts`](Self::failure_counts)).
+    /// Cluster when the call's master fails alone, while another answers).
     ///
     /// All keys of one check share a hash tag, so a batch splits by Cluster
     /// slot along check boundaries.
@@ -407,27 +406,6 @@ impl RedisTier {
     /// outage.
     fn failure_speaks(&self, master: Option<&Master>) -> bool {
         master.is_none_or(|m| !self.inner.nodes.failing_alone(m, self.monotonic_us()))
-    }
-
-    /// Whether `error`, the failure of a check of `key`, is one a circuit
-    /// breaker in front of this tier should count. Not bad input; not a check
-    /// answered unsent because its Cluster master is down
-    /// ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)); and on a
-    /// Cluster, not a failure of the key's master while another master
-    /// answers: a few in a row mark that master down for a while instead
-    /// (its keys then get `NodeDown` at once), since one master's fault is
-    /// not an outage of the deployment.
-    ///
-    /// [`check_key`](Self::check_key) applies this itself (see
-    /// [`Checked::counts_call`]); this is for the failures of
-    /// [`check_after_key`](Self::check_after_key).
-    pub fn failure_counts(&self, key: &CheckKey<'_>, error: &Error) -> bool {
-        match error.redis_failure() {
-            None | Some(tierlimit_core::RedisFailure::NodeDown) => false,
-            Some(_) => {
-                self.failure_speaks(self.sent_to(self.slot_of_check(key.escaped())).as_deref())
-            }
-        }
     }
 
     /// Sends `batch`, drawn from `batcher`'s queue, from a task of its own
@@ -835,12 +813,35 @@ impl RedisTier {
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
         self.check_after_key(&CheckKey::new(key)?, set, cost, writes)
             .await
+            .result
     }
 
     /// [`check_after`](Self::check_after) of a key validated and escaped
-    /// already. Never batched with other checks: the write-backs and the check
-    /// go in one pipeline of their own.
+    /// already, with whether a circuit breaker should count it
+    /// ([`Checked::counts_call`]: every call on one server; on a Cluster,
+    /// not a failure of the key's master while another master answers).
+    /// Never batched with other checks: the write-backs and the check go in
+    /// one pipeline of their own.
     pub async fn check_after_key(
+        &self,
+        key: &CheckKey<'_>,
+        set: &RuleSet,
+        cost: u64,
+        writes: &[WriteBack<'_>],
+    ) -> Checked<(Verdict, Vec<Result<Written>>)> {
+        if self.inner.backend.is_cluster() {
+            return self.check_after_on_cluster(key, set, cost, writes).await;
+        }
+        let result = self.check_after_on_one(key, set, cost, writes).await;
+        Checked {
+            counts_call: result.as_ref().err().is_none_or(was_sent),
+            result,
+        }
+    }
+
+    /// [`check_after_key`](Self::check_after_key) on one server: the
+    /// write-backs and the check in one pipeline.
+    async fn check_after_on_one(
         &self,
         key: &CheckKey<'_>,
         set: &RuleSet,
@@ -848,9 +849,6 @@ impl RedisTier {
         writes: &[WriteBack<'_>],
     ) -> Result<(Verdict, Vec<Result<Written>>)> {
         set.validate_cost(cost)?;
-        if self.inner.backend.is_cluster() {
-            return self.check_after_on_cluster(key, set, cost, writes).await;
-        }
         let started = tokio::time::Instant::now();
         // A striped set's check asks one stripe here, the others after.
         let stripe = first_stripe(set);
@@ -922,18 +920,34 @@ impl RedisTier {
         set: &RuleSet,
         cost: u64,
         writes: &[WriteBack<'_>],
-    ) -> Result<(Verdict, Vec<Result<Written>>)> {
-        if let Some(down) = self.node_down(key.escaped()) {
-            return Err(down);
-        }
+    ) -> Checked<(Verdict, Vec<Result<Written>>)> {
+        // The master the write-backs and the check go to (they share the
+        // key's hash tag), which a failure before the check was answered
+        // counts against.
+        let master = self.sent_to(self.slot_of_check(key.escaped()));
+        let mut check_vote = None;
         let both = async {
+            set.validate_cost(cost)?;
+            if let Some(down) = self.node_down(key.escaped()) {
+                return Err(down);
+            }
             let written = self.reconcile(writes).await?;
-            let verdict = self.check_key(key, set, cost).await.result?;
-            Ok((verdict, written))
+            let checked = self.check_key(key, set, cost).await;
+            check_vote = Some(checked.counts_call);
+            Ok((checked.result?, written))
         };
-        tokio::time::timeout(self.inner.deadline, both)
+        let result = tokio::time::timeout(self.inner.deadline, both)
             .await
-            .unwrap_or_else(|_| Err(timeout()))
+            .unwrap_or_else(|_| Err(timeout()));
+        let counts_call = match &result {
+            Ok(_) => true,
+            Err(e) if !was_sent(e) => false,
+            Err(_) => check_vote.unwrap_or_else(|| self.failure_speaks(master.as_deref())),
+        };
+        Checked {
+            result,
+            counts_call,
+        }
     }
 
     /// The write-backs' `EVALSHA`s, each with its keys' hash slot (see
@@ -1480,6 +1494,15 @@ fn answered(answer: Option<Checked>) -> Checked {
         result: Err(timeout()),
         counts_call: false,
     })
+}
+
+/// Whether `error`, a check's failure, is one of a call that was sent: not
+/// bad input, and not a check answered unsent because its Cluster master is
+/// down ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)).
+fn was_sent(error: &Error) -> bool {
+    error
+        .redis_failure()
+        .is_some_and(|f| f != RedisFailure::NodeDown)
 }
 
 /// What a call for one hash slot came to (see [`RedisTier::call_slot`]).

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tierlimit_core::{Clock, FakeClock, LedgerEntry, RedisFailure, Rule, RuleSet};
-use tierlimit_redis::{CheckRequest, RedisTier, RedisTierConfig, WriteBack, Written};
+use tierlimit_redis::{CheckKey, CheckRequest, RedisTier, RedisTierConfig, WriteBack, Written};
 use tierlimit_test::{RedisCluster, StallWatch, Timings};
 use tokio::task::JoinSet;
 
@@ -462,7 +462,10 @@ async fn a_killed_master_fails_over_under_load() {
 /// master: a check never waits behind another master's calls); once its replica is promoted, the
 /// tier's slot map names the new master and the hung master's keys are
 /// served again while it is still hung, within `BACK_WITHIN` of the
-/// promotion.
+/// promotion, and stay so. Meanwhile a failed check of the hung master's key
+/// with write-backs first (`check_after_key`) is no call for a circuit
+/// breaker ([`Checked::counts_call`](tierlimit_redis::Checked)): one
+/// master's fault while the others answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     const BACK_WITHIN: Duration = Duration::from_millis(1_500);
@@ -528,10 +531,30 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     // Checks of the hung master's key until its replica serves its slot.
     let give_up = Instant::now() + Duration::from_secs(30);
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let key = CheckKey::new(&victim_key).expect("valid key");
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_micros() as u64;
+    let owed = LedgerEntry::new(
+        storage_key(&s, &victim_key, 0),
+        s.rules()[0].clone(),
+        1,
+        at - 1_000,
+        at,
+    );
+    let (mut after_failed, mut after_voted) = (0u64, 0u64);
     let promoted = loop {
         if let Err(e) = tier.check(&victim_key, &s, 1).await {
             let kind = e.redis_failure().unwrap_or(RedisFailure::Other);
             *kinds.entry(format!("{kind:?}")).or_default() += 1;
+        }
+        let checked = tier
+            .check_after_key(&key, &s, 1, &[WriteBack::new("hung-wb", &owed)])
+            .await;
+        if checked.result.is_err() {
+            after_failed += 1;
+            after_voted += u64::from(checked.counts_call);
         }
         if cluster.wait_serving(Duration::ZERO) {
             break Instant::now();
@@ -547,6 +570,12 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
     assert!(
         kinds.values().sum::<u64>() > 0,
         "the hang was seen: {kinds:?}"
+    );
+    assert!(after_failed > 0, "no check_after_key failed in the hang");
+    assert_eq!(
+        after_voted, 0,
+        "{after_voted} of {after_failed} failed check_after_key calls of the hung master's key \
+         would count for a breaker"
     );
     // Still hung: served by the promoted replica within the bound.
     let mut victim_timings = Timings::default();
@@ -573,10 +602,19 @@ async fn a_hung_master_is_left_once_its_replica_is_promoted() {
         back <= BACK_WITHIN,
         "served again only {back:?} after the promotion (bound {BACK_WITHIN:?})"
     );
-    for _ in 0..20 {
-        tier.check(&victim_key, &s, 1)
-            .await
-            .expect("served by the promoted replica, and stays so");
+    // And stays so for longer than any call sent to the hung master before
+    // the promotion can take to end: its failure is the old master's, not
+    // the new one's.
+    let served = Instant::now();
+    while served.elapsed() < 3 * deadline {
+        if let Err(e) = tier.check(&victim_key, &s, 1).await {
+            panic!(
+                "{:?} after it was first served by the promoted replica: {e}",
+                served.elapsed()
+            );
+        }
+        // A pace for the loop, not a wait for a condition.
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     stop.store(true, Ordering::Relaxed);
     while hammer.join_next().await.is_some() {}

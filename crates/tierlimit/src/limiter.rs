@@ -771,22 +771,15 @@ impl HybridLimiter {
             (checked.result, checked.counts_call)
         } else {
             let writes = reconcile::writes(&claims);
-            let result = inner
+            let checked = inner
                 .redis
                 .check_after_key(key, rule_set, cost, &writes)
-                .await
-                .map(|(verdict, written)| {
-                    reconcile::settle(inner, &claims, written);
-                    verdict
-                });
-            // Not every failure is the deployment's: a check answered unsent
-            // (its Cluster master is down), or one master's fault while
-            // others answer, is no call for the breaker.
-            let counts = match &result {
-                Ok(_) => true,
-                Err(e) => inner.redis.failure_counts(key, e),
-            };
-            (result, counts)
+                .await;
+            let result = checked.result.map(|(verdict, written)| {
+                reconcile::settle(inner, &claims, written);
+                verdict
+            });
+            (result, checked.counts_call)
         };
         let latency = started.elapsed();
         inner.labels.redis_call(latency.as_secs_f64());
