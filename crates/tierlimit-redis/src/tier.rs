@@ -829,13 +829,24 @@ impl RedisTier {
         cost: u64,
         writes: &[WriteBack<'_>],
     ) -> Checked<(Verdict, Vec<Result<Written>>)> {
-        if self.inner.backend.is_cluster() {
-            return self.check_after_on_cluster(key, set, cost, writes).await;
-        }
-        let result = self.check_after_on_one(key, set, cost, writes).await;
+        // On a Cluster, the master the write-backs and the check go to (they
+        // share the key's hash tag); `None` on one server.
+        let master = self.sent_to(self.slot_of_check(key.escaped()));
+        let (result, check_vote) = if self.inner.backend.is_cluster() {
+            self.check_after_on_cluster(key, set, cost, writes).await
+        } else {
+            (self.check_after_on_one(key, set, cost, writes).await, None)
+        };
+        let counts_call = match &result {
+            Ok(_) => true,
+            Err(e) if !was_sent(e) => false,
+            // The check's own call's vote once it was answered; before that,
+            // the master's.
+            Err(_) => check_vote.unwrap_or_else(|| self.failure_speaks(master.as_deref())),
+        };
         Checked {
-            counts_call: result.as_ref().err().is_none_or(was_sent),
             result,
+            counts_call,
         }
     }
 
@@ -913,18 +924,15 @@ impl RedisTier {
     /// (grouped by slot, as [`reconcile`](Self::reconcile) sends them) and
     /// then the check, one after the other, both within one deadline. Two
     /// round trips instead of one pipeline: the write-backs reach their
-    /// nodes, scripts reloaded, before the check is sent.
+    /// nodes, scripts reloaded, before the check is sent. Also answers the
+    /// check's own [`Checked::counts_call`] once it was answered.
     async fn check_after_on_cluster(
         &self,
         key: &CheckKey<'_>,
         set: &RuleSet,
         cost: u64,
         writes: &[WriteBack<'_>],
-    ) -> Checked<(Verdict, Vec<Result<Written>>)> {
-        // The master the write-backs and the check go to (they share the
-        // key's hash tag), which a failure before the check was answered
-        // counts against.
-        let master = self.sent_to(self.slot_of_check(key.escaped()));
+    ) -> (Result<(Verdict, Vec<Result<Written>>)>, Option<bool>) {
         let mut check_vote = None;
         let both = async {
             set.validate_cost(cost)?;
@@ -939,15 +947,7 @@ impl RedisTier {
         let result = tokio::time::timeout(self.inner.deadline, both)
             .await
             .unwrap_or_else(|_| Err(timeout()));
-        let counts_call = match &result {
-            Ok(_) => true,
-            Err(e) if !was_sent(e) => false,
-            Err(_) => check_vote.unwrap_or_else(|| self.failure_speaks(master.as_deref())),
-        };
-        Checked {
-            result,
-            counts_call,
-        }
+        (result, check_vote)
     }
 
     /// The write-backs' `EVALSHA`s, each with its keys' hash slot (see
