@@ -5,6 +5,12 @@
 #
 # Every argument but --driver goes to the controller (`chaos --help`). The
 # report lands in chaos-tests/report/. See chaos-tests/README.md.
+#
+# CHAOS_BIN_DIR (optional): a directory holding chaos, chaos-app and
+# chaos-proxy already built (e.g. target/debug after `scripts/test`, which
+# builds them); they run from there and nothing is built. Unset, run.sh builds
+# them: the controller and the process driver's apps in the dev profile, the
+# docker images' in release.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,15 +32,37 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+if [ -n "${CHAOS_BIN_DIR:-}" ]; then
+    # Absolute, so it holds after the `cd` below and in images/build.sh.
+    CHAOS_BIN_DIR=$(cd "$CHAOS_BIN_DIR" && pwd) ||
+        { echo "run.sh: CHAOS_BIN_DIR=$CHAOS_BIN_DIR is not a directory" >&2; exit 2; }
+    for bin in chaos chaos-app chaos-proxy; do
+        [ -x "$CHAOS_BIN_DIR/$bin" ] ||
+            { echo "run.sh: $bin not found in CHAOS_BIN_DIR=$CHAOS_BIN_DIR (cargo build -p chaos-tests --bins builds it)" >&2; exit 2; }
+    done
+    export CHAOS_BIN_DIR
+fi
+
 cd "$root"
+
+# The controller, built first unless CHAOS_BIN_DIR has it. Every binary: the
+# controller starts chaos-app from beside itself, and `cargo run --bin chaos`
+# alone would leave a stale one there. The dev profile is optimised (see
+# Cargo.toml). Run by path, not `cargo run`: `cargo run -p chaos-tests`
+# resolves the features of chaos-tests alone, which differ from a workspace
+# build's, and would rebuild much of the tree over the binaries given.
+if [ -n "${CHAOS_BIN_DIR:-}" ]; then
+    chaos=$CHAOS_BIN_DIR/chaos
+else
+    cargo build -p chaos-tests --bins
+    target=${CARGO_TARGET_DIR:-target}
+    case "$target" in /*) ;; *) target=$root/$target ;; esac
+    chaos=$target/debug/chaos
+fi
 
 case "$driver" in
     process)
-        # The dev profile is optimised (see Cargo.toml) and shares its build with the tests.
-        # Every binary: the controller starts chaos-app from beside itself, and
-        # `cargo run --bin chaos` alone would leave a stale one there.
-        cargo build -p chaos-tests --bins
-        cargo run -p chaos-tests --bin chaos -- --driver process ${args[@]+"${args[@]}"}
+        "$chaos" --driver process ${args[@]+"${args[@]}"}
         ;;
 
     docker)
@@ -111,7 +139,7 @@ case "$driver" in
         echo "run.sh: images: $CHAOS_REDIS_IMAGE, $CHAOS_APP_IMAGE (pull_policy $CHAOS_PULL_POLICY)" >&2
 
         # Not `exec`: the EXIT trap must run after the controller.
-        cargo run -p chaos-tests --bin chaos -- --driver docker ${args[@]+"${args[@]}"}
+        "$chaos" --driver docker ${args[@]+"${args[@]}"}
         ;;
 
     *)
