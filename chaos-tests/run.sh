@@ -34,8 +34,9 @@ done
 
 if [ -n "${CHAOS_BIN_DIR:-}" ]; then
     # Absolute, so it holds after the `cd` below and in images/build.sh.
-    CHAOS_BIN_DIR=$(cd "$CHAOS_BIN_DIR" && pwd) ||
+    [ -d "$CHAOS_BIN_DIR" ] ||
         { echo "run.sh: CHAOS_BIN_DIR=$CHAOS_BIN_DIR is not a directory" >&2; exit 2; }
+    CHAOS_BIN_DIR=$(cd "$CHAOS_BIN_DIR" && pwd)
     for bin in chaos chaos-app chaos-proxy; do
         [ -x "$CHAOS_BIN_DIR/$bin" ] ||
             { echo "run.sh: $bin not found in CHAOS_BIN_DIR=$CHAOS_BIN_DIR (cargo build -p chaos-tests --bins builds it)" >&2; exit 2; }
