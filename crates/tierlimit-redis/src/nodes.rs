@@ -18,6 +18,13 @@
 //! cluster down does once every master failed. The map comes from `CLUSTER SLOTS` and
 //! is read again while a master is down and after a `MOVED`, so once a
 //! replica is promoted its slots' calls go to it.
+//!
+//! Any node may answer `CLUSTER SLOTS`, and one that has not yet heard of a
+//! failover still names the old master. So a fresh map takes slots away
+//! from a master that answers only on that master's own word, a `MOVED`
+//! ([`Nodes::replace`]); from a master that fails, or is down, at once. A
+//! stale node can then never hand a promoted replica's slots back to the
+//! hung master it replaced.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -46,6 +53,9 @@ pub(crate) struct Master {
     down_until: AtomicU64,
     /// Calls that failed on it since the last that did not.
     failures: AtomicU32,
+    /// It answered `MOVED` since a map last took one of its slots: the next
+    /// map may take its slots though it answers.
+    redirected: AtomicBool,
     /// The checks waiting for calls in flight to it (see `batch.rs`).
     batcher: Arc<Batcher>,
 }
@@ -108,6 +118,7 @@ impl SlotMap {
                         addr,
                         down_until: AtomicU64::new(0),
                         failures: AtomicU32::new(0),
+                        redirected: AtomicBool::new(false),
                         batcher: Arc::new(Batcher::new(max_batch)),
                     }));
                     map.masters.len() - 1
@@ -122,6 +133,60 @@ impl SlotMap {
     fn master(&self, slot: u16) -> Option<&Arc<Master>> {
         let index = *self.owner.get(usize::from(slot))?;
         self.masters.get(usize::from(index))
+    }
+
+    /// This map with `slot` served by `master` (added to the masters when
+    /// it is not one of them).
+    fn serve(&mut self, slot: u16, master: &Arc<Master>) {
+        let index = match self.masters.iter().position(|m| Arc::ptr_eq(m, master)) {
+            Some(index) => index,
+            None => {
+                self.masters.push(Arc::clone(master));
+                self.masters.len() - 1
+            }
+        };
+        // Never more masters than slots, so an index always fits.
+        if let (Ok(index), Some(owner)) =
+            (u16::try_from(index), self.owner.get_mut(usize::from(slot)))
+        {
+            *owner = index;
+        }
+    }
+
+    /// This map without the masters that serve no slot.
+    fn without_idle_masters(mut self) -> SlotMap {
+        let mut serves = vec![false; self.masters.len()];
+        for &index in self.owner.iter().filter(|&&i| i != UNKNOWN) {
+            serves[usize::from(index)] = true;
+        }
+        if serves.iter().all(|&s| s) {
+            return self;
+        }
+        let mut kept = 0;
+        let renumbered: Vec<u16> = serves
+            .iter()
+            .map(|&serves| {
+                kept += u16::from(serves);
+                if serves { kept - 1 } else { UNKNOWN }
+            })
+            .collect();
+        let mut serving = serves.iter();
+        self.masters
+            .retain(|_| serving.next().copied().unwrap_or(false));
+        for owner in self.owner.iter_mut().filter(|o| **o != UNKNOWN) {
+            *owner = renumbered[usize::from(*owner)];
+        }
+        self
+    }
+}
+
+impl Master {
+    /// True when a fresh map may take its slots at `now`: it answered
+    /// `MOVED`, or its last call failed, or it is down.
+    fn may_lose_slots(&self, now: u64) -> bool {
+        self.redirected.load(Ordering::Acquire)
+            || self.failures.load(Ordering::Acquire) > 0
+            || self.down_until.load(Ordering::Acquire) > now
     }
 }
 
@@ -207,8 +272,20 @@ impl Nodes {
             .collect()
     }
 
-    /// A node answered `MOVED`: read the map again soon.
-    pub(crate) fn moved(&self) {
+    /// A node answered `MOVED`: `slot` (when its reply named one) is served
+    /// by `to` now. Unless the map in force says so already (a call sent
+    /// before it changed), read the map again soon, and let it take slots
+    /// from the slot's master.
+    pub(crate) fn moved(&self, slot: Option<u16>, to: &str) {
+        if let Some(slot) = slot {
+            let map = self.map.load();
+            if let Some(master) = map.master(slot) {
+                if master.addr == to {
+                    return;
+                }
+                master.redirected.store(true, Ordering::Release);
+            }
+        }
         self.stale.store(true, Ordering::Release);
     }
 
@@ -269,19 +346,43 @@ impl Nodes {
             .any(|m| m.down_until.load(Ordering::Acquire) > now)
     }
 
-    /// Takes `fresh` as the map in force. A master in both is the same
-    /// [`Master`], with its down mark, its failures in a row and its batcher
-    /// (with the checks queued in it); a master that serves no slot any more
-    /// (failed over) is gone with its mark, so its slots' new master is
-    /// asked at once.
-    pub(crate) fn replace(&self, mut fresh: SlotMap) {
+    /// Takes `fresh`, read at `now` (µs), as the map in force, but for the
+    /// slots it would take from a master that answers (its last call did not
+    /// fail, it is not down, and it answered no `MOVED` since a map last took
+    /// one of its slots): those stay where they are, for `fresh` may come from
+    /// a node that has not heard of a failover yet. A master in both maps is the same [`Master`],
+    /// with its down mark, its failures in a row and its batcher (with the
+    /// checks queued in it); a master that serves no slot any more (failed
+    /// over) is gone with its mark, so its slots' new master is asked at once.
+    pub(crate) fn replace(&self, mut fresh: SlotMap, now: u64) {
         let old = self.map.load();
         for master in &mut fresh.masters {
             if let Some(before) = old.masters.iter().find(|m| m.addr == master.addr) {
                 *master = Arc::clone(before);
             }
         }
-        self.map.store(Arc::new(fresh));
+        let mut gave_up: Vec<&Arc<Master>> = Vec::new();
+        for slot in 0..SLOTS {
+            let Some(before) = old.master(slot) else {
+                continue;
+            };
+            if fresh
+                .master(slot)
+                .is_some_and(|after| Arc::ptr_eq(after, before))
+            {
+                continue;
+            }
+            if !before.may_lose_slots(now) {
+                fresh.serve(slot, before);
+            } else if !gave_up.iter().any(|m| Arc::ptr_eq(m, before)) {
+                gave_up.push(before);
+            }
+        }
+        // A master's `MOVED` is spent once a map took slots from it.
+        for master in gave_up {
+            master.redirected.store(false, Ordering::Release);
+        }
+        self.map.store(Arc::new(fresh.without_idle_masters()));
     }
 }
 
@@ -324,6 +425,15 @@ mod tests {
                 bulk("replica"),
             ]),
         ])
+    }
+
+    /// The map of `ranges`: (first slot, last slot, master's port).
+    fn map_of(ranges: &[(i64, i64, i64)]) -> SlotMap {
+        let ranges = ranges
+            .iter()
+            .map(|&(start, end, port)| range(start, end, port));
+        SlotMap::from_cluster_slots(&Value::Array(ranges.collect()), 16)
+            .expect("a CLUSTER SLOTS reply")
     }
 
     /// Three masters on `ports`, serving the slots in thirds.
@@ -375,7 +485,7 @@ mod tests {
     fn a_failed_master_is_down_for_its_own_slots_only_and_for_a_while() {
         let nodes = Nodes::new(Duration::from_millis(500));
         assert_eq!(nodes.fail_at(0, 0), None, "no map yet: nothing to mark");
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         for _ in 1..FAILURES_TO_MARK {
             assert_eq!(nodes.fail_at(100, 1_000), None, "not yet: fewer in a row");
             assert_eq!(nodes.down(100, 1_000), None, "not yet: fewer in a row");
@@ -404,7 +514,7 @@ mod tests {
     #[test]
     fn a_success_between_failures_keeps_the_master_up() {
         let nodes = Nodes::new(Duration::from_secs(1));
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         for _ in 0..10 {
             for _ in 1..FAILURES_TO_MARK {
                 nodes.fail_at(0, 0);
@@ -425,7 +535,7 @@ mod tests {
     fn a_master_fails_alone_while_another_answers_and_not_once_all_fail() {
         let nodes = Nodes::new(Duration::from_secs(1));
         assert!(!nodes.alone_at(0, 0), "no map yet");
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         assert!(!nodes.alone_at(0, 0), "no failure yet");
         nodes.fail_at(0, 0);
         assert!(nodes.alone_at(0, 0), "7000 failed, 7002 and 7004 did not");
@@ -439,7 +549,7 @@ mod tests {
         assert!(nodes.alone_at(0, 0), "7004 answers again");
         // A master that answered last but is down does not count as answering.
         let nodes = Nodes::new(Duration::from_secs(1));
-        nodes.replace(masters_on([7000, 7002, 7002]));
+        nodes.replace(masters_on([7000, 7002, 7002]), 0);
         nodes.fail_at(0, 0);
         for _ in 0..FAILURES_TO_MARK {
             nodes.fail_at(6_000, 0);
@@ -448,7 +558,7 @@ mod tests {
         assert!(!nodes.alone_at(0, 10), "7002 answered, but is down");
         assert!(nodes.alone_at(0, 1_000_001), "7002 answered and is up");
         let one = Nodes::new(Duration::from_secs(1));
-        one.replace(masters_on([7000, 7000, 7000]));
+        one.replace(masters_on([7000, 7000, 7000]), 0);
         one.fail_at(0, 0);
         assert!(!one.alone_at(0, 0), "one master is the whole deployment");
     }
@@ -457,7 +567,7 @@ mod tests {
     fn any_master_takes_turns_and_skips_the_down_ones() {
         let nodes = Nodes::new(Duration::from_secs(1));
         assert_eq!(nodes.any_master(0), None, "no map yet");
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         let mut seen: Vec<String> = (0..3).filter_map(|_| nodes.any_master(0)).collect();
         seen.sort();
         assert_eq!(seen, nodes.masters(), "each master in turn");
@@ -473,7 +583,7 @@ mod tests {
     fn a_moved_reply_is_taken_once() {
         let nodes = Nodes::new(Duration::from_secs(1));
         assert!(!nodes.take_moved());
-        nodes.moved();
+        nodes.moved(None, "127.0.0.1:7000");
         assert!(nodes.take_moved());
         assert!(!nodes.take_moved(), "taken");
     }
@@ -492,15 +602,15 @@ mod tests {
     #[test]
     fn a_new_map_keeps_marks_of_masters_it_keeps_and_drops_failed_over_ones() {
         let nodes = Nodes::new(Duration::from_secs(1));
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         for _ in 0..FAILURES_TO_MARK {
             nodes.fail_at(0, 0);
             nodes.fail_at(6_000, 0);
         }
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         assert!(nodes.down(0, 10).is_some(), "the same map keeps the mark");
         // 7000's replica (7001) was promoted; 7002 is still down and serving.
-        nodes.replace(masters_on([7001, 7002, 7004]));
+        nodes.replace(masters_on([7001, 7002, 7004]), 0);
         assert_eq!(
             nodes.down(0, 10),
             None,
@@ -515,11 +625,17 @@ mod tests {
     #[test]
     fn a_late_answer_counts_for_the_master_it_was_sent_to() {
         let nodes = Nodes::new(Duration::from_secs(1));
-        nodes.replace(three_masters());
+        nodes.replace(three_masters(), 0);
         let sent = nodes.master_of(0).expect("a master");
-        // 7000's replica (7001) was promoted while the calls were in flight.
-        nodes.replace(masters_on([7001, 7002, 7004]));
-        for _ in 0..FAILURES_TO_MARK {
+        // 7000 hung: its first call failed, and its replica (7001) was
+        // promoted while the others were in flight.
+        nodes.failed(&sent, 0);
+        nodes.replace(masters_on([7001, 7002, 7004]), 0);
+        assert_eq!(
+            nodes.with_master(0, str::to_string).as_deref(),
+            Some("127.0.0.1:7001")
+        );
+        for _ in 1..FAILURES_TO_MARK {
             nodes.failed(&sent, 0);
         }
         assert_eq!(nodes.down(0, 1), None, "the replica was never asked");
@@ -531,7 +647,7 @@ mod tests {
         // And a master both maps name is one master: its count goes on.
         let kept = nodes.master_of(6_000).expect("a master");
         nodes.failed(&kept, 0);
-        nodes.replace(masters_on([7001, 7002, 7004]));
+        nodes.replace(masters_on([7001, 7002, 7004]), 0);
         for _ in 1..FAILURES_TO_MARK {
             nodes.fail_at(6_000, 0);
         }
@@ -539,5 +655,110 @@ mod tests {
             nodes.down(6_000, 1).is_some(),
             "{FAILURES_TO_MARK} in a row"
         );
+    }
+
+    /// The port of the master of `slot` in the map in force.
+    fn port_of(nodes: &Nodes, slot: u16) -> Option<String> {
+        nodes.with_master(slot, |addr| {
+            addr.trim_start_matches("127.0.0.1:").to_string()
+        })
+    }
+
+    /// A node that has not heard of a failover yet names the old master: its
+    /// map never hands the promoted replica's slots back to it.
+    #[test]
+    fn a_stale_map_never_takes_a_slot_from_a_master_that_answers() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters(), 0);
+        for _ in 0..FAILURES_TO_MARK {
+            nodes.fail_at(0, 0);
+        }
+        // 7000 hung and is down; its replica 7001 was promoted.
+        nodes.replace(masters_on([7001, 7002, 7004]), 10);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
+        // A stale node's map, read while 7001 answers.
+        nodes.replace(three_masters(), 20);
+        for slot in [0, 5460] {
+            assert_eq!(
+                port_of(&nodes, slot).as_deref(),
+                Some("7001"),
+                "slot {slot}"
+            );
+        }
+        let mut masters = nodes.masters();
+        masters.sort();
+        assert_eq!(
+            masters,
+            ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7004"]
+        );
+        assert!(
+            !nodes.any_down(20),
+            "7000 serves nothing, so it is not counted"
+        );
+        // Once 7001 fails a call, the map in force is the best word there is.
+        nodes.fail_at(0, 30);
+        nodes.replace(three_masters(), 40);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7000"));
+    }
+
+    /// Resharding, or a manual failover: slots leave a master that answers
+    /// on that master's own word, a `MOVED`.
+    #[test]
+    fn slots_leave_a_master_that_answers_on_its_moved() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters(), 0);
+        let migrated = || {
+            map_of(&[
+                (0, 99, 7000),
+                (100, 101, 7002),
+                (102, 5460, 7000),
+                (5461, 10922, 7002),
+                (10923, 16383, 7004),
+            ])
+        };
+        // Slots 100 and 101 were migrated from 7000 to 7002, but the map
+        // was read (another call's refresh, say) before 7000 said so.
+        nodes.replace(migrated(), 0);
+        assert_eq!(
+            port_of(&nodes, 100).as_deref(),
+            Some("7000"),
+            "7000 answers"
+        );
+        // A call for 100 meets the MOVED: the next map moves both.
+        nodes.moved(Some(100), "127.0.0.1:7002");
+        assert!(nodes.take_moved(), "read the map again");
+        nodes.replace(migrated(), 0);
+        for (slot, port) in [(99, "7000"), (100, "7002"), (101, "7002"), (102, "7000")] {
+            assert_eq!(port_of(&nodes, slot).as_deref(), Some(port), "slot {slot}");
+        }
+        // The MOVED was spent by that move: a stale map cannot undo it.
+        nodes.replace(three_masters(), 0);
+        assert_eq!(port_of(&nodes, 100).as_deref(), Some("7002"));
+        assert_eq!(port_of(&nodes, 200).as_deref(), Some("7000"));
+        // A MOVED that names the master the map already has (a call sent
+        // before the map changed) is old news.
+        nodes.moved(Some(100), "127.0.0.1:7002");
+        assert!(!nodes.take_moved(), "nothing to read again");
+        // 7000 was failed over by hand to its replica, and says so.
+        nodes.moved(Some(200), "127.0.0.1:7001");
+        nodes.replace(masters_on([7001, 7002, 7004]), 0);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
+        assert_eq!(port_of(&nodes, 5460).as_deref(), Some("7001"));
+    }
+
+    /// A master whose last call failed is not answering: any fresh map may
+    /// move its slots, before it is marked down.
+    #[test]
+    fn a_failing_master_gives_up_its_slots_to_a_fresh_map() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters(), 0);
+        nodes.fail_at(0, 0);
+        assert_eq!(nodes.down(0, 1), None, "one failure does not mark it down");
+        nodes.replace(masters_on([7001, 7002, 7004]), 1);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
+        // Slots no master serves in a fresh map stay with one that answers.
+        nodes.replace(map_of(&[(5461, 10922, 7002), (10923, 16383, 7004)]), 2);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
+        assert_eq!(nodes.masters().len(), 3);
     }
 }

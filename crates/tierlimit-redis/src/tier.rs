@@ -1203,7 +1203,7 @@ impl RedisTier {
                     .ok()
                     .and_then(|reply| SlotMap::from_cluster_slots(&reply, max_batch))
                 {
-                    tier.inner.nodes.replace(map);
+                    tier.inner.nodes.replace(map, tier.monotonic_us());
                 }
                 let busy = |tier: &RedisTier| tier.inner.nodes.any_down(tier.monotonic_us());
                 if !busy(&tier) {

@@ -15,7 +15,9 @@
 //!   master's keys fail within that bound and are served again once its
 //!   replica is promoted;
 //! * a master hung: the other masters' keys are served all along, and its
-//!   own once its replica is promoted, while it is still hung.
+//!   own once its replica is promoted, while it is still hung;
+//! * a manual failover, told only by the old master's `MOVED`: every check
+//!   decided, the count carried over, and the slot map follows.
 //!
 //! Each test starts a cluster of its own (about 3 s) and takes the binary's
 //! serial lock: six servers per test, and the accuracy and latency bounds
@@ -453,6 +455,88 @@ async fn a_killed_master_fails_over_under_load() {
             panic!("{key}: {why}");
         }
     }
+}
+
+/// `rejected_calls` of `FCALL` and `EVALSHA` on `node`: script calls it
+/// refused before running them, its `MOVED` replies among them.
+async fn rejected_script_calls(node: &tierlimit_test::RedisServer) -> u64 {
+    let mut conn = node
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_fcall:") || line.starts_with("cmdstat_evalsha:"))
+        .flat_map(|line| line.split(','))
+        .filter_map(|field| field.strip_prefix("rejected_calls="))
+        .map(|n| {
+            n.trim()
+                .parse::<u64>()
+                .expect("rejected_calls= is a number")
+        })
+        .sum()
+}
+
+/// A manual failover (`CLUSTER FAILOVER`): the old master goes on answering,
+/// as a replica, so only its `MOVED` tells of the change (no call fails).
+/// Every check of its key is decided, the count carries over exactly, and
+/// the tier's slot map follows the `MOVED`: checks stop going to the old
+/// master. (A slot map read from a node goes to a master that answers only
+/// on that master's `MOVED`; without that, the tier would be redirected on
+/// every check forever.)
+#[tokio::test]
+async fn a_manual_failover_is_followed_through_moved() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start();
+    let tier = tier(&cluster.cluster_url());
+    let s = set("mf", [Rule::per_minute(10).expect("valid")]);
+    let by_master = keys_on_every_master(&cluster, &s, "mf", 1);
+    let (&old, keys) = by_master.iter().next().expect("a master");
+    let key = keys[0].clone();
+    for n in 0..4 {
+        let v = tier.check(&key, &s, 1).await.expect("served");
+        assert!(v.decision.allowed, "check {n}");
+    }
+    let replica = cluster.replica_of(old).expect("the master has a replica");
+    let moved_before = rejected_script_calls(&cluster.nodes()[old]).await;
+    cluster.failover(replica);
+
+    // The count carried over: 6 more admitted, then denied, none failed.
+    for n in 4..12 {
+        let v = tier
+            .check(&key, &s, 1)
+            .await
+            .expect("served through the failover");
+        assert_eq!(v.decision.allowed, n < 10, "check {n}");
+    }
+    let moved = rejected_script_calls(&cluster.nodes()[old]).await - moved_before;
+    assert!(moved > 0, "the old master never answered MOVED");
+    // The map follows: soon a check no longer goes to the old master.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = rejected_script_calls(&cluster.nodes()[old]).await;
+        tier.check(&key, &s, 1).await.expect("served");
+        if rejected_script_calls(&cluster.nodes()[old]).await == before {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "checks still go to the old master 10 s after the failover"
+        );
+        // Not a sleep in place of a condition: a pace for the polling loop.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And stay on the new one.
+    let settled = rejected_script_calls(&cluster.nodes()[old]).await;
+    for _ in 0..20 {
+        tier.check(&key, &s, 1).await.expect("served");
+    }
+    assert_eq!(rejected_script_calls(&cluster.nodes()[old]).await, settled);
 }
 
 /// A master hung (SIGSTOP): its sockets stay open, so no refused connection

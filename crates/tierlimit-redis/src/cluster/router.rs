@@ -124,21 +124,24 @@ pub(crate) struct ClusterConn {
 
 /// Where a node sent a call that is not its own.
 enum Redirect {
-    /// The slot lives on this node now.
-    Moved(String),
+    /// The slot (when the reply could be read) lives on this node now.
+    Moved(Option<u16>, String),
     /// The slot is moving: ask this node, once, after `ASKING`.
     Ask(String),
 }
 
 impl Redirect {
+    /// The redirect of an error reply `<MOVED|ASK> <slot> <host:port>`.
     fn of(reply: &Value) -> Option<Redirect> {
         let Value::ServerError(e) = reply else {
             return None;
         };
-        let to = || e.details()?.split_whitespace().nth(1).map(str::to_string);
+        let mut details = e.details()?.split_whitespace();
+        let slot = details.next().and_then(|slot| slot.parse().ok());
+        let to = details.next()?.to_string();
         match e.kind()? {
-            ServerErrorKind::Moved => to().map(Redirect::Moved),
-            ServerErrorKind::Ask => to().map(Redirect::Ask),
+            ServerErrorKind::Moved => Some(Redirect::Moved(slot, to)),
+            ServerErrorKind::Ask => Some(Redirect::Ask(to)),
             _ => None,
         }
     }
@@ -200,8 +203,8 @@ impl ClusterConn {
             return Ok(reply);
         };
         match redirect {
-            Redirect::Moved(addr) => {
-                self.router.nodes.moved();
+            Redirect::Moved(slot, addr) => {
+                self.router.nodes.moved(slot, &addr);
                 self.router.conn_for(&addr)?.send_packed_command(cmd).await
             }
             Redirect::Ask(addr) => {
@@ -236,8 +239,8 @@ impl ClusterConn {
         };
         // One slot, so one place for all of them.
         let (addr, asking) = match first {
-            Redirect::Moved(addr) => {
-                self.router.nodes.moved();
+            Redirect::Moved(slot, addr) => {
+                self.router.nodes.moved(*slot, addr);
                 (addr.clone(), false)
             }
             Redirect::Ask(addr) => (addr.clone(), true),
