@@ -457,29 +457,10 @@ async fn a_killed_master_fails_over_under_load() {
     }
 }
 
-/// `rejected_calls` of `FCALL` and `EVALSHA` on `node`: script calls it
-/// refused before running them, its `MOVED` replies among them.
+/// Script calls `node` refused before running them, its `MOVED` replies
+/// among them.
 async fn rejected_script_calls(node: &tierlimit_test::RedisServer) -> u64 {
-    let mut conn = node
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_fcall:") || line.starts_with("cmdstat_evalsha:"))
-        .flat_map(|line| line.split(','))
-        .filter_map(|field| field.strip_prefix("rejected_calls="))
-        .map(|n| {
-            n.trim()
-                .parse::<u64>()
-                .expect("rejected_calls= is a number")
-        })
-        .sum()
+    node.rejected_calls("fcall").await + node.rejected_calls("evalsha").await
 }
 
 /// A manual failover (`CLUSTER FAILOVER`): the old master goes on answering,

@@ -371,17 +371,30 @@ impl RedisServer {
     /// How many times `cmd` (e.g. `"evalsha"`) has been called since start,
     /// from `INFO commandstats`; 0 if it has never been called.
     pub async fn command_calls(&self, cmd: &str) -> u64 {
+        self.command_stat(cmd, "calls").await
+    }
+
+    /// How many calls of `cmd` the server refused before running them since
+    /// start (`rejected_calls`: a Cluster node's `MOVED` replies among them);
+    /// 0 if it has refused none.
+    pub async fn rejected_calls(&self, cmd: &str) -> u64 {
+        self.command_stat(cmd, "rejected_calls").await
+    }
+
+    /// Integer `field` of `cmd`'s line in `INFO commandstats`; 0 without one.
+    async fn command_stat(&self, cmd: &str, field: &str) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut self.conn().await)
             .await
             .expect("INFO commandstats failed");
         let prefix = format!("cmdstat_{}:", cmd.to_ascii_lowercase());
+        let field = format!("{field}=");
         info.lines()
             .filter_map(|line| line.strip_prefix(&prefix))
             .flat_map(|fields| fields.split(','))
-            .find_map(|field| field.strip_prefix("calls="))
-            .map(|n| n.trim().parse().expect("calls= is a number"))
+            .find_map(|f| f.strip_prefix(&field))
+            .map(|n| n.trim().parse().expect("a commandstats field is a number"))
             .unwrap_or(0)
     }
 
