@@ -438,15 +438,11 @@ mod tests {
 
     /// Three masters on `ports`, serving the slots in thirds.
     fn masters_on(ports: [i64; 3]) -> SlotMap {
-        SlotMap::from_cluster_slots(
-            &Value::Array(vec![
-                range(0, 5460, ports[0]),
-                range(5461, 10922, ports[1]),
-                range(10923, 16383, ports[2]),
-            ]),
-            16,
-        )
-        .expect("a CLUSTER SLOTS reply")
+        map_of(&[
+            (0, 5460, ports[0]),
+            (5461, 10922, ports[1]),
+            (10923, 16383, ports[2]),
+        ])
     }
 
     fn three_masters() -> SlotMap {
