@@ -21,10 +21,12 @@
 //!
 //! Any node may answer `CLUSTER SLOTS`, and one that has not yet heard of a
 //! failover still names the old master. So a fresh map takes slots away
-//! from a master that answers only on that master's own word, a `MOVED`
-//! ([`Nodes::replace`]); from a master that fails, or is down, at once. A
-//! stale node can then never hand a promoted replica's slots back to the
-//! hung master it replaced.
+//! from a master that answers only on that master's own word
+//! ([`Nodes::replace`]): a `MOVED`, or its own map, which the tier asks it
+//! for first ([`Nodes::disputes`]); from a master that fails, or is down, at
+//! once. A stale node can then never hand a promoted replica's slots back to
+//! the hung master it replaced, and a master that failed over while the tier
+//! sent it nothing fails that question instead of a check.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -53,9 +55,10 @@ pub(crate) struct Master {
     down_until: AtomicU64,
     /// Calls that failed on it since the last that did not.
     failures: AtomicU32,
-    /// It answered `MOVED` since a map last took one of its slots: the next
-    /// map may take its slots though it answers.
-    redirected: AtomicBool,
+    /// It gave a slot up on its own word (a `MOVED`, or its own map) since
+    /// a map last took one of its slots: the next map may take its slots
+    /// though it answers.
+    disowned: AtomicBool,
     /// The checks waiting for calls in flight to it (see `batch.rs`).
     batcher: Arc<Batcher>,
 }
@@ -118,7 +121,7 @@ impl SlotMap {
                         addr,
                         down_until: AtomicU64::new(0),
                         failures: AtomicU32::new(0),
-                        redirected: AtomicBool::new(false),
+                        disowned: AtomicBool::new(false),
                         batcher: Arc::new(Batcher::new(max_batch)),
                     }));
                     map.masters.len() - 1
@@ -181,10 +184,10 @@ impl SlotMap {
 }
 
 impl Master {
-    /// True when a fresh map may take its slots at `now`: it answered
-    /// `MOVED`, or its last call failed, or it is down.
+    /// True when a fresh map may take its slots at `now`: it gave a slot up
+    /// on its own word, or its last call failed, or it is down.
     fn may_lose_slots(&self, now: u64) -> bool {
-        self.redirected.load(Ordering::Acquire)
+        self.disowned.load(Ordering::Acquire)
             || self.failures.load(Ordering::Acquire) > 0
             || self.down_until.load(Ordering::Acquire) > now
     }
@@ -277,16 +280,58 @@ impl Nodes {
     /// before it changed), read the map again soon, and let it take slots
     /// from the slot's master.
     pub(crate) fn moved(&self, slot: Option<u16>, to: &str) {
-        if let Some(slot) = slot {
-            let map = self.map.load();
-            if let Some(master) = map.master(slot) {
-                if master.addr == to {
-                    return;
-                }
-                master.redirected.store(true, Ordering::Release);
-            }
+        if slot.is_none_or(|slot| self.gave_up(slot, Some(to))) {
+            self.stale.store(true, Ordering::Release);
         }
-        self.stale.store(true, Ordering::Release);
+    }
+
+    /// `slot`'s master, asked for its own map (see
+    /// [`disputes`](Self::disputes)), answered `own`: unless `own` still
+    /// names it for `slot`, it gave its slots up, on its own word as by a
+    /// `MOVED`.
+    pub(crate) fn heard_from(&self, slot: u16, own: &SlotMap) {
+        self.gave_up(slot, own.master(slot).map(|m| m.addr.as_str()));
+    }
+
+    /// Its own master said `slot` is served by `to` (none: by no master)
+    /// now: unless the map in force names `to` already, that master may
+    /// lose its slots to the next map. True unless the map names `to`.
+    fn gave_up(&self, slot: u16, to: Option<&str>) -> bool {
+        let map = self.map.load();
+        match map.master(slot) {
+            Some(master) if Some(master.addr.as_str()) == to => false,
+            Some(master) => {
+                master.disowned.store(true, Ordering::Release);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// One slot of each master that answers (see [`replace`](Self::replace))
+    /// and that `fresh`, read at `now` (µs), would take slots from. The
+    /// reader of `fresh` may be stale, or the master may have failed over
+    /// while the tier sent it nothing: asked for its own map, it settles
+    /// which ([`heard_from`](Self::heard_from), or its call fails) before
+    /// `fresh` is taken.
+    pub(crate) fn disputes(&self, fresh: &SlotMap, now: u64) -> Vec<u16> {
+        let map = self.map.load();
+        let mut disputed: Vec<(u16, &Arc<Master>)> = Vec::new();
+        for slot in 0..SLOTS {
+            let Some(before) = map.master(slot) else {
+                continue;
+            };
+            if fresh
+                .master(slot)
+                .is_some_and(|after| after.addr == before.addr)
+                || before.may_lose_slots(now)
+                || disputed.iter().any(|(_, m)| Arc::ptr_eq(m, before))
+            {
+                continue;
+            }
+            disputed.push((slot, before));
+        }
+        disputed.into_iter().map(|(slot, _)| slot).collect()
     }
 
     /// True once after [`moved`](Self::moved).
@@ -348,9 +393,10 @@ impl Nodes {
 
     /// Takes `fresh`, read at `now` (µs), as the map in force, but for the
     /// slots it would take from a master that answers (its last call did not
-    /// fail, it is not down, and it answered no `MOVED` since a map last took
-    /// one of its slots): those stay where they are, for `fresh` may come from
-    /// a node that has not heard of a failover yet. A master in both maps is the same [`Master`],
+    /// fail, it is not down, and it gave no slot up by a `MOVED` or its own
+    /// map since a map last took one of its slots): those stay where they
+    /// are, for `fresh` may come from a node that has not heard of a failover
+    /// yet. A master in both maps is the same [`Master`],
     /// with its down mark, its failures in a row and its batcher (with the
     /// checks queued in it); a master that serves no slot any more (failed
     /// over) is gone with its mark, so its slots' new master is asked at once.
@@ -378,9 +424,9 @@ impl Nodes {
                 gave_up.push(before);
             }
         }
-        // A master's `MOVED` is spent once a map took slots from it.
+        // A master's word is spent once a map took slots from it.
         for master in gave_up {
-            master.redirected.store(false, Ordering::Release);
+            master.disowned.store(false, Ordering::Release);
         }
         self.map.store(Arc::new(fresh.without_idle_masters()));
     }
@@ -756,5 +802,60 @@ mod tests {
         nodes.replace(map_of(&[(5461, 10922, 7002), (10923, 16383, 7004)]), 2);
         assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
         assert_eq!(nodes.masters().len(), 3);
+    }
+
+    /// A fresh map that would take slots from masters that answer names
+    /// them, one slot each, so each can be asked for its own map; masters
+    /// that failed or answered `MOVED` are not asked, nor those it agrees on.
+    #[test]
+    fn a_fresh_map_disputes_only_the_masters_that_answer() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        assert!(nodes.disputes(&three_masters(), 0).is_empty(), "no map yet");
+        nodes.replace(three_masters(), 0);
+        assert!(nodes.disputes(&three_masters(), 0).is_empty(), "it agrees");
+        let ports = |slots: Vec<u16>| -> Vec<String> {
+            let ports = slots.iter().filter_map(|&slot| port_of(&nodes, slot));
+            ports.collect()
+        };
+        // Every master replaced: each of the three is asked, once.
+        assert_eq!(
+            ports(nodes.disputes(&masters_on([7001, 7003, 7005]), 0)),
+            ["7000", "7002", "7004"]
+        );
+        // Slots a fresh map leaves to no master are disputed too.
+        assert_eq!(
+            ports(nodes.disputes(&map_of(&[(5461, 10922, 7002), (10923, 16383, 7004)]), 0)),
+            ["7000"]
+        );
+        // 7000 failed a call and 7002 answered MOVED: neither is asked.
+        nodes.fail_at(0, 0);
+        nodes.moved(Some(6_000), "127.0.0.1:7003");
+        assert_eq!(
+            ports(nodes.disputes(&masters_on([7001, 7003, 7005]), 0)),
+            ["7004"]
+        );
+    }
+
+    /// A master asked for its own map settles a dispute: it gives its slots
+    /// up when its map names another master for them (it failed over while
+    /// nothing was sent to it), and keeps them when it names itself (the
+    /// fresh map was stale).
+    #[test]
+    fn a_master_asked_for_its_own_map_settles_the_dispute() {
+        let nodes = Nodes::new(Duration::from_secs(1));
+        nodes.replace(three_masters(), 0);
+        let promoted = masters_on([7001, 7002, 7004]);
+        // 7000 names itself: the fresh map takes nothing from it.
+        nodes.heard_from(0, &three_masters());
+        assert_eq!(nodes.disputes(&promoted, 0), [0]);
+        nodes.replace(masters_on([7001, 7002, 7004]), 0);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7000"));
+        // 7000 names its replica: it was failed over, and gives its slots up.
+        nodes.heard_from(0, &promoted);
+        assert!(nodes.disputes(&promoted, 0).is_empty(), "settled");
+        assert!(!nodes.take_moved(), "its answer was read in a map read");
+        nodes.replace(promoted, 0);
+        assert_eq!(port_of(&nodes, 0).as_deref(), Some("7001"));
+        assert_eq!(port_of(&nodes, 5460).as_deref(), Some("7001"));
     }
 }

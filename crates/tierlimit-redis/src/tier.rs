@@ -1190,19 +1190,8 @@ impl RedisTier {
                     return;
                 };
                 let tier = RedisTier { inner };
-                let reply = tier
-                    .call(|mut conn| async move {
-                        redis::cmd("CLUSTER")
-                            .arg("SLOTS")
-                            .query_async::<Value>(&mut conn)
-                            .await
-                    })
-                    .await;
-                let max_batch = tier.inner.batcher.max();
-                if let Some(map) = reply
-                    .ok()
-                    .and_then(|reply| SlotMap::from_cluster_slots(&reply, max_batch))
-                {
+                if let Ok(Some(map)) = tier.slot_map(None).await {
+                    tier.settle_disputes(&map).await;
                     tier.inner.nodes.replace(map, tier.monotonic_us());
                 }
                 let busy = |tier: &RedisTier| tier.inner.nodes.any_down(tier.monotonic_us());
@@ -1218,6 +1207,57 @@ impl RedisTier {
                 tokio::time::sleep(SLOTS_REFRESH_EVERY).await;
             }
         });
+    }
+
+    /// The slot map `CLUSTER SLOTS` answers, read from the master of `slot`,
+    /// or from any master (any seed before the first map); `None` when the
+    /// reply has another shape.
+    async fn slot_map(&self, slot: Option<u16>) -> std::result::Result<Option<SlotMap>, Failure> {
+        let reply = self
+            .call(|conn| async move {
+                let mut conn = match slot {
+                    Some(slot) => conn.at(slot),
+                    None => conn,
+                };
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(SlotMap::from_cluster_slots(
+            &reply,
+            self.inner.batcher.max(),
+        ))
+    }
+
+    /// Asks each master that answers and that `fresh` would take slots from
+    /// ([`Nodes::disputes`]) for its own map, all at once, each within the
+    /// deadline. One that names another master for its slot gave them up;
+    /// one whose call fails has that failure counted against it (see
+    /// [`node_failed`](Self::node_failed)). Either way the next map takes its
+    /// slots. So a master that failed over while the tier sent it nothing is
+    /// left before a check goes to it, and a stale reader's map still
+    /// takes nothing from a master that serves its slots.
+    async fn settle_disputes(&self, fresh: &SlotMap) {
+        let nodes = &self.inner.nodes;
+        let asks = nodes
+            .disputes(fresh, self.monotonic_us())
+            .into_iter()
+            .map(|slot| async move {
+                let master = nodes.master_of(slot);
+                match self.slot_map(Some(slot)).await {
+                    Ok(Some(own)) => nodes.heard_from(slot, &own),
+                    Ok(None) => {}
+                    Err(failure) => {
+                        if let Some(master) = master {
+                            self.node_failed(&self.inner.conn, &master, &failure);
+                        }
+                    }
+                }
+            })
+            .collect();
+        join_all(asks).await;
     }
 
     /// µs on the monotonic clock the down marks are kept in.

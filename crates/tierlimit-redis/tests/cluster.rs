@@ -17,7 +17,9 @@
 //! * a master hung: the other masters' keys are served all along, and its
 //!   own once its replica is promoted, while it is still hung;
 //! * a manual failover, told only by the old master's `MOVED`: every check
-//!   decided, the count carried over, and the slot map follows.
+//!   decided, the count carried over, and the slot map follows;
+//! * a master hung and failed over while the tier sent it nothing: left
+//!   before its key's next check, once anything has the map read.
 //!
 //! Each test starts a cluster of its own (about 3 s) and takes the binary's
 //! serial lock: six servers per test, and the accuracy and latency bounds
@@ -518,6 +520,100 @@ async fn a_manual_failover_is_followed_through_moved() {
         tier.check(&key, &s, 1).await.expect("served");
     }
     assert_eq!(rejected_script_calls(&cluster.nodes()[old]).await, settled);
+}
+
+/// Script calls refused (`MOVED` among them) by all of `cluster`'s running
+/// nodes together.
+async fn rejected_everywhere(cluster: &RedisCluster) -> u64 {
+    let mut n = 0;
+    for node in cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_running() && !n.is_paused())
+    {
+        n += rejected_script_calls(node).await;
+    }
+    n
+}
+
+/// Checks `keys` until a round of them reaches their masters without a
+/// redirect (by
+/// `rejected_everywhere`); panics after `within`.
+async fn until_checked_without_redirect(
+    cluster: &RedisCluster,
+    tier: &RedisTier,
+    set: &RuleSet,
+    keys: &[&str],
+    within: Duration,
+) {
+    let give_up = Instant::now() + within;
+    loop {
+        let before = rejected_everywhere(cluster).await;
+        for key in keys {
+            tier.check(key, set, 1).await.expect("served");
+        }
+        if rejected_everywhere(cluster).await == before {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "checks of {keys:?} were still redirected after {within:?}"
+        );
+        // Not a sleep in place of a condition: a pace for the polling loop.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A master hung, and its replica promoted, while the tier sent it nothing:
+/// no call of its failed, so when another event (here another master's
+/// manual failover, told by its `MOVED`) has the map read, that master
+/// still looks like one that answers, and the fresh map's word alone does
+/// not move its slots. The tier asks it for its own map, the call fails,
+/// and its slots move with that map: the next check of its key is served
+/// by the promoted replica instead of waiting out the deadline on the hung
+/// master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_failed_over_unasked_is_left_before_its_next_check() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start();
+    let deadline = Duration::from_millis(300);
+    let tier = RedisTier::new(RedisTierConfig::new(cluster.cluster_url()).deadline(deadline))
+        .expect("valid");
+    let s = set("idle", [Rule::per_minute(1_000).expect("valid")]);
+    let by_master = keys_on_every_master(&cluster, &s, "idle", 1);
+    let mut masters = by_master.iter();
+    let (&idle, idle_keys) = masters.next().expect("a master");
+    let (&other, other_keys) = masters.next().expect("another master");
+    let (idle_key, other_key) = (idle_keys[0].as_str(), other_keys[0].as_str());
+    let all: Vec<&str> = by_master.values().flatten().map(String::as_str).collect();
+    // The tier's map is read: every check goes straight to its master.
+    until_checked_without_redirect(&cluster, &tier, &s, &all, Duration::from_secs(10)).await;
+
+    cluster.nodes()[idle].pause();
+    assert!(
+        cluster.wait_serving(Duration::from_secs(30)),
+        "the hung master's replica was not promoted within 30 s"
+    );
+    let promoted = cluster.master_of(&storage_key(&s, idle_key, 0));
+    assert_ne!(promoted, idle);
+    cluster.failover(cluster.replica_of(other).expect("a replica"));
+    // The other master's MOVED has the map read until its key's checks go
+    // straight to the new master.
+    until_checked_without_redirect(&cluster, &tier, &s, &[other_key], Duration::from_secs(15))
+        .await;
+
+    let started = Instant::now();
+    let first = tier.check(idle_key, &s, 1).await;
+    let took = started.elapsed();
+    let verdict = first.unwrap_or_else(|e| {
+        panic!("the first check of the hung master's key went to it ({took:?}): {e}")
+    });
+    assert!(verdict.decision.allowed);
+    assert!(
+        cluster.nodes()[idle].is_paused(),
+        "the old master is still hung"
+    );
+    cluster.nodes()[idle].resume();
 }
 
 /// A master hung (SIGSTOP): its sockets stay open, so no refused connection
