@@ -281,7 +281,8 @@ pub(crate) struct Seeds {
 }
 
 impl Seeds {
-    /// Each seed's own URL.
+    /// Each seed's own URL (what the Cluster backend connects to).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn urls(&self) -> Vec<String> {
         self.hosts
             .iter()

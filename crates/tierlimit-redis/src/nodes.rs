@@ -210,6 +210,7 @@ pub(crate) struct Nodes {
     /// A node answered `MOVED`: the map is out of date.
     stale: AtomicBool,
     /// Turns of [`any_master`](Self::any_master).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     turn: AtomicUsize,
     /// The origin of the monotonic µs the down marks are kept in.
     origin: std::time::Instant,
@@ -238,51 +239,11 @@ impl Nodes {
         map.master(slot).map(|master| Arc::clone(&master.batcher))
     }
 
-    /// What `with` answers for the address of `slot`'s master, `None` when
-    /// no master is known for it (no allocation: the address is lent).
-    pub(crate) fn with_master<R>(&self, slot: u16, with: impl FnOnce(&str) -> R) -> Option<R> {
-        let map = self.map.load();
-        map.master(slot).map(|master| with(&master.addr))
-    }
-
     /// The master that serves `slot` now, `None` when none is known: what a
     /// call for the slot, sent now, goes to, and what its outcome counts for
     /// ([`failed`](Self::failed), [`succeeded`](Self::succeeded)).
     pub(crate) fn master_of(&self, slot: u16) -> Option<Arc<Master>> {
         self.map.load().master(slot).map(Arc::clone)
-    }
-
-    /// A master that is not down at `now`, another at each call (all of
-    /// them in turn when every one is down); `None` before the first map.
-    pub(crate) fn any_master(&self, now: u64) -> Option<String> {
-        let map = self.map.load();
-        let count = map.masters.len();
-        let start = self.turn.fetch_add(1, Ordering::Relaxed);
-        let up = (0..count)
-            .map(|i| &map.masters[(start + i) % count.max(1)])
-            .find(|m| m.down_until.load(Ordering::Acquire) <= now);
-        up.or_else(|| map.masters.get(start % count.max(1)))
-            .map(|m| m.addr.clone())
-    }
-
-    /// Every master's address.
-    pub(crate) fn masters(&self) -> Vec<String> {
-        self.map
-            .load()
-            .masters
-            .iter()
-            .map(|m| m.addr.clone())
-            .collect()
-    }
-
-    /// A node answered `MOVED`: `slot` (when its reply named one) is served
-    /// by `to` now. Unless the map in force says so already (a call sent
-    /// before it changed), read the map again soon, and let it take slots
-    /// from the slot's master.
-    pub(crate) fn moved(&self, slot: Option<u16>, to: &str) {
-        if slot.is_none_or(|slot| self.gave_up(slot, Some(to))) {
-            self.stale.store(true, Ordering::Release);
-        }
     }
 
     /// `slot`'s master, asked for its own map (see
@@ -429,6 +390,51 @@ impl Nodes {
             master.disowned.store(false, Ordering::Release);
         }
         self.map.store(Arc::new(fresh.without_idle_masters()));
+    }
+}
+
+/// What only the Cluster connection (`cluster/router.rs`) asks: where to
+/// send a call, and what a `MOVED` told.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+impl Nodes {
+    /// What `with` answers for the address of `slot`'s master, `None` when
+    /// no master is known for it (no allocation: the address is lent).
+    pub(crate) fn with_master<R>(&self, slot: u16, with: impl FnOnce(&str) -> R) -> Option<R> {
+        let map = self.map.load();
+        map.master(slot).map(|master| with(&master.addr))
+    }
+
+    /// A master that is not down at `now`, another at each call (all of
+    /// them in turn when every one is down); `None` before the first map.
+    pub(crate) fn any_master(&self, now: u64) -> Option<String> {
+        let map = self.map.load();
+        let count = map.masters.len();
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let up = (0..count)
+            .map(|i| &map.masters[(start + i) % count.max(1)])
+            .find(|m| m.down_until.load(Ordering::Acquire) <= now);
+        up.or_else(|| map.masters.get(start % count.max(1)))
+            .map(|m| m.addr.clone())
+    }
+
+    /// Every master's address.
+    pub(crate) fn masters(&self) -> Vec<String> {
+        self.map
+            .load()
+            .masters
+            .iter()
+            .map(|m| m.addr.clone())
+            .collect()
+    }
+
+    /// A node answered `MOVED`: `slot` (when its reply named one) is served
+    /// by `to` now. Unless the map in force says so already (a call sent
+    /// before it changed), read the map again soon, and let it take slots
+    /// from the slot's master.
+    pub(crate) fn moved(&self, slot: Option<u16>, to: &str) {
+        if slot.is_none_or(|slot| self.gave_up(slot, Some(to))) {
+            self.stale.store(true, Ordering::Release);
+        }
     }
 }
 

@@ -595,6 +595,8 @@ impl HybridLimiter {
         self.inner.replace_rule_sets(sets.into_iter().collect())
     }
 
+    /// What config reloads act on (`reload.rs`).
+    #[cfg(feature = "config")]
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner
     }

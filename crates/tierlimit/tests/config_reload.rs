@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -164,9 +164,10 @@ async fn healthy(config: &Config) -> HybridLimiter {
 }
 
 /// Polls `cond` every 5 ms; false after `timeout`.
+#[cfg(feature = "watch")]
 async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
+    let end = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < end {
         if cond() {
             return true;
         }
@@ -294,6 +295,7 @@ async fn start_only_settings_are_named_and_kept() {
     );
 }
 
+#[cfg(feature = "watch")]
 #[tokio::test]
 async fn a_watched_file_reloads_on_change_and_a_bad_one_is_kept_out() {
     let server = RedisServer::start();
