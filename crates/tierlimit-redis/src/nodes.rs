@@ -251,13 +251,14 @@ impl Nodes {
     /// names it for `slot`, it gave its slots up, on its own word as by a
     /// `MOVED`.
     pub(crate) fn heard_from(&self, slot: u16, own: &SlotMap) {
-        self.gave_up(slot, own.master(slot).map(|m| m.addr.as_str()));
+        self.disown(slot, own.master(slot).map(|m| m.addr.as_str()));
     }
 
-    /// Its own master said `slot` is served by `to` (none: by no master)
-    /// now: unless the map in force names `to` already, that master may
-    /// lose its slots to the next map. True unless the map names `to`.
-    fn gave_up(&self, slot: u16, to: Option<&str>) -> bool {
+    /// The master of `slot` in the map in force said `slot` is served by
+    /// `to` (none: by no master) now: unless that is the master itself, it
+    /// may lose its slots to the next map. False when the map names `to`
+    /// already.
+    fn disown(&self, slot: u16, to: Option<&str>) -> bool {
         let map = self.map.load();
         match map.master(slot) {
             Some(master) if Some(master.addr.as_str()) == to => false,
@@ -432,7 +433,7 @@ impl Nodes {
     /// before it changed), read the map again soon, and let it take slots
     /// from the slot's master.
     pub(crate) fn moved(&self, slot: Option<u16>, to: &str) {
-        if slot.is_none_or(|slot| self.gave_up(slot, Some(to))) {
+        if slot.is_none_or(|slot| self.disown(slot, Some(to))) {
             self.stale.store(true, Ordering::Release);
         }
     }

@@ -95,6 +95,12 @@ impl Run {
         self.last - self.first
     }
 
+    /// The longest server time between two calls in a row (µs).
+    fn largest_gap(&self) -> u64 {
+        let gaps = self.calls.windows(2).map(|w| w[1].now - w[0].now);
+        gaps.max().unwrap_or(0)
+    }
+
     /// Replays the calls through `model` (true = admit); panics on the first
     /// disagreement, showing it.
     fn replay(&self, name: &str, mut model: impl FnMut(u64) -> bool) {
@@ -133,10 +139,22 @@ fn check_rate_count(run: &Run, name: &str, limit: u64, period_us: u64, capacity:
         "{name} over-admitted: {} > {allowed}",
         run.admitted
     );
+    // Under-admitting is what the algorithm does when the load leaves a gap
+    // long enough for the bucket to fill: the count then fails, and the
+    // message says whether the calls had such a gap (a stall of the test or
+    // of a server) or not (the limiter's fault).
+    let refill_us = capacity * period_us / limit;
+    let gap = run.largest_gap();
     assert!(
         run.admitted + 1 >= allowed,
-        "{name} under-admitted: {} < {allowed} - 1",
-        run.admitted
+        "{name} under-admitted: {} < {allowed} - 1; the largest gap between two calls was \
+         {gap} µs, {} the {refill_us} µs that fill the bucket",
+        run.admitted,
+        if gap >= refill_us {
+            "at least"
+        } else {
+            "under"
+        },
     );
 }
 
