@@ -935,7 +935,12 @@ fn cluster_checks(
             ),
         ));
     }
-    let early = fallen.iter().filter(|(_, d)| d.t < tl.fault_at).count();
+    // Decided before the fault: a check in flight when the master was hit
+    // (its call lost with the master's connection) falls back by right.
+    let early = fallen
+        .iter()
+        .filter(|(_, d)| d.t + d.lat < tl.fault_at)
+        .count();
     if early > 0 {
         checks.push(check(
             "no decision falls back before the fault",
@@ -1325,6 +1330,25 @@ mod tests {
         log.extend(run_of(100, 2_100_000, 1, 0, Tier::Redis));
         let checks = cluster(&log, Some(2_000_000));
         assert!(checks.iter().all(|c| c.verdict != "FAIL"), "{checks:#?}");
+    }
+
+    /// A fallback decided before the fault fails the run; one begun before
+    /// it and ended after it (its call lost as the master was killed) does
+    /// not.
+    #[test]
+    fn only_a_fallback_decided_before_the_fault_is_early() {
+        let mut log = run_of(1_000, 0, 0, 1, Tier::Redis);
+        log.extend(run_of(100, 2_100_000, 1, 0, Tier::Redis));
+        let mut in_flight = run_of(1, 990_000, 1, 0, Tier::FailClosed);
+        in_flight[0].lat = 17_000;
+        in_flight[0].failure = Some(RedisFailure::ConnectionLost);
+        log.extend(in_flight);
+        let checks = cluster(&log, Some(2_000_000));
+        assert_eq!(verdict(&checks, "no decision falls back before"), "missing");
+        let last = log.len() - 1;
+        log[last].lat = 5_000;
+        let checks = cluster(&log, Some(2_000_000));
+        assert_eq!(verdict(&checks, "no decision falls back before"), "FAIL");
     }
 
     #[test]
