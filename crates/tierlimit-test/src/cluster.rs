@@ -14,6 +14,11 @@ const MASTERS: usize = 3;
 /// How long a node may be unreachable before the others fail it over. Short,
 /// so failover tests finish in seconds.
 const NODE_TIMEOUT_MS: &str = "1000";
+/// How long a master waits before it sends a replica its first full copy.
+/// Redis' default, 5 s (to let more replicas join one transfer), held every
+/// cluster's start 4 s longer, as [`wait_cluster_ready`] waits for the copies;
+/// each master here has one replica.
+const REPL_DISKLESS_SYNC_DELAY_S: &str = "0";
 const SERVING_TIMEOUT: Duration = Duration::from_secs(30);
 const CLI_NOT_FOUND: &str = "redis-cli not found on PATH: install it with \
     `sudo apt-get install -y redis-tools` (Debian/Ubuntu; redis-server's package \
@@ -80,6 +85,8 @@ impl RedisCluster {
                     "yes",
                     "--cluster-node-timeout",
                     NODE_TIMEOUT_MS,
+                    "--repl-diskless-sync-delay",
+                    REPL_DISKLESS_SYNC_DELAY_S,
                     "--cluster-port",
                     &bus,
                 ]
