@@ -76,31 +76,34 @@ impl RedisCluster {
     }
 
     fn start_as(ca: Option<TestCa>) -> RedisCluster {
-        let mut tls_ports = Vec::new();
-        let nodes: Vec<RedisServer> = (0..MASTERS * 2)
+        let (nodes, tls_ports): (Vec<RedisServer>, Vec<Option<u16>>) = (0..MASTERS * 2)
             .map(|_| {
-                let bus = free_bus_port().to_string();
-                let mut args: Vec<String> = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    NODE_TIMEOUT_MS,
-                    "--repl-diskless-sync-delay",
-                    REPL_DISKLESS_SYNC_DELAY_S,
-                    "--cluster-port",
-                    &bus,
-                ]
-                .map(String::from)
-                .to_vec();
-                if let Some(ca) = &ca {
-                    let port = free_bus_port();
-                    tls_ports.push(port);
-                    args.extend(ca.cluster_node_args(port));
-                }
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                RedisServer::start_with(&args)
+                RedisServer::start_each(
+                    || {
+                        let mut args: Vec<String> = [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-node-timeout",
+                            NODE_TIMEOUT_MS,
+                            "--repl-diskless-sync-delay",
+                            REPL_DISKLESS_SYNC_DELAY_S,
+                            "--cluster-port",
+                            &free_bus_port().to_string(),
+                        ]
+                        .map(String::from)
+                        .to_vec();
+                        let tls_port = ca.as_ref().map(|ca| {
+                            let port = free_bus_port();
+                            args.extend(ca.cluster_node_args(port));
+                            port
+                        });
+                        (args, tls_port)
+                    },
+                    None,
+                )
             })
-            .collect();
+            .unzip();
+        let tls_ports: Vec<u16> = tls_ports.into_iter().flatten().collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
@@ -335,9 +338,10 @@ impl RedisCluster {
     }
 }
 
-/// A port for a node's cluster bus: free now, and not one a client port
-/// could take, since [`RedisServer`] draws its own ports the same way (a
-/// clash makes that server's start retry on another port).
+/// A port for a node's cluster bus (or TLS clients): free now. Another
+/// socket may take it before the node binds it, as it may the client port
+/// [`RedisServer`] draws the same way: the node then exits, and its start is
+/// tried again with every port drawn afresh.
 fn free_bus_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())

@@ -213,13 +213,25 @@ impl RedisServer {
 
     fn start_as(args: &[&str], tls: Option<TestCa>) -> RedisServer {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        for attempt in 1..=START_ATTEMPTS {
+        RedisServer::start_each(|| (args.clone(), ()), tls).0
+    }
+
+    /// Starts a server with the extra arguments `attempt` makes for each
+    /// start attempt, and answers what the successful attempt made beside
+    /// them: arguments that name ports of their own (a Cluster node's bus
+    /// port) draw them afresh when a port was taken.
+    pub(crate) fn start_each<T>(
+        attempt: impl Fn() -> (Vec<String>, T),
+        tls: Option<TestCa>,
+    ) -> (RedisServer, T) {
+        for n in 1..=START_ATTEMPTS {
+            let (args, made) = attempt();
             let port = free_port();
             let dir = fresh_dir();
             let mut child = spawn(port, &dir, &args, tls.as_ref());
             match wait_ready(&mut child, port, tls.as_ref()) {
                 Startup::Ready => {
-                    return RedisServer {
+                    let server = RedisServer {
                         pid: child.id(),
                         child: Some(child),
                         port,
@@ -228,10 +240,11 @@ impl RedisServer {
                         paused: AtomicBool::new(false),
                         tls,
                     };
+                    return (server, made);
                 }
-                // Most likely someone else took the port between our probe and
-                // the server's bind: try another port.
-                Startup::Exited(_) if attempt < START_ATTEMPTS => {
+                // Most likely someone else took a port between our probe and
+                // the server's bind: try other ports.
+                Startup::Exited(_) if n < START_ATTEMPTS => {
                     let _ = fs::remove_dir_all(&dir);
                 }
                 outcome => fail(child, &dir, port, outcome),
@@ -639,4 +652,49 @@ fn fail(mut child: Child, dir: &Path, port: u16, outcome: Startup) -> ! {
         Startup::Ready => "was ready".to_string(),
     };
     panic!("redis-server on 127.0.0.1:{port} {why}; its log:\n{log}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// A port an attempt's arguments name was taken before the server bound
+    /// it: the server exits, and the next attempt draws its ports afresh.
+    #[test]
+    fn a_start_whose_own_port_was_taken_is_tried_again_with_fresh_ports() {
+        let held = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free port");
+        let taken = held.local_addr().expect("a bound address").port();
+        let attempts = AtomicUsize::new(0);
+        let (server, bus) = RedisServer::start_each(
+            || {
+                let bus = match attempts.fetch_add(1, Ordering::Relaxed) {
+                    0 => taken,
+                    _ => free_port(),
+                };
+                let args = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus.to_string(),
+                ]
+                .map(String::from)
+                .to_vec();
+                (args, bus)
+            },
+            None,
+        );
+        assert_eq!(attempts.load(Ordering::Relaxed), 2);
+        assert_ne!(bus, taken);
+        assert!(server.is_running());
+        let mut conn = server.client().get_connection().expect("connect");
+        let (_, port): (String, u16) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("cluster-port")
+            .query(&mut conn)
+            .expect("its cluster port");
+        assert_eq!(port, bus, "the server runs with the second attempt's port");
+        drop(held);
+    }
 }
