@@ -668,9 +668,10 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                             format!("app {a} closes within its cool-down + one probe"),
                             false,
                             format!(
-                                "closed {:.1} ms after Redis returned, bound {:.1} ms",
+                                "closed {:.1} ms after Redis returned, bound {:.1} ms; {}",
                                 (t - tl.healed_at) as f64 / 1e3,
-                                (limit - tl.healed_at) as f64 / 1e3
+                                (limit - tl.healed_at) as f64 / 1e3,
+                                after_heal(log, tl.healed_at, t)
                             ),
                         ));
                     }
@@ -852,6 +853,47 @@ fn edge_windows(ctx: &Context<'_>, all: &[(usize, &Decision)], checks: &mut Vec<
             None => checks.push(na(bound, format!("no window to judge{left_out}"))),
         }
     }
+}
+
+/// What one app's breaker and calls did from Redis' return (`healed`) to
+/// its close at `closed` (µs), for a recovery that took too long: each state
+/// with its time from the return, and the failures of its calls meanwhile.
+fn after_heal(log: &AppLog, healed: u64, closed: u64) -> String {
+    let states: Vec<String> = log
+        .states
+        .iter()
+        .filter(|(at, _, _)| *at + 1 >= healed && *at <= closed)
+        .map(|(at, state, _)| {
+            format!(
+                "{state} at +{:.1} ms",
+                at.saturating_sub(healed) as f64 / 1e3
+            )
+        })
+        .collect();
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+    for d in log
+        .decisions
+        .iter()
+        .filter(|d| d.t >= healed && d.t <= closed)
+    {
+        if let Some(f) = d.failure {
+            *failures.entry(format!("{f:?}")).or_default() += 1;
+        }
+    }
+    let failures: Vec<String> = failures.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    format!(
+        "breaker {}; calls begun meanwhile failed: {}",
+        if states.is_empty() {
+            "unchanged".to_string()
+        } else {
+            states.join(", ")
+        },
+        if failures.is_empty() {
+            "none".to_string()
+        } else {
+            failures.join(", ")
+        }
+    )
 }
 
 /// The cluster scenarios' bounds (issue 14): a fault on one master of three
@@ -1330,6 +1372,37 @@ mod tests {
         log.extend(run_of(100, 2_100_000, 1, 0, Tier::Redis));
         let checks = cluster(&log, Some(2_000_000));
         assert!(checks.iter().all(|c| c.verdict != "FAIL"), "{checks:#?}");
+    }
+
+    /// A late recovery names the breaker's path after the heal and what its
+    /// calls met: a failed probe reads differently from no probe.
+    #[test]
+    fn a_late_recovery_says_what_the_breaker_did() {
+        let heal = 5_000_000;
+        let log = AppLog {
+            states: vec![
+                (heal - 300_000, "open".into(), Some(heal + 200_000)),
+                (heal + 200_000, "half_open".into(), None),
+                (heal + 250_000, "open".into(), Some(heal + 1_000_000)),
+                (heal + 1_000_000, "half_open".into(), None),
+                (heal + 1_004_000, "closed".into(), None),
+            ],
+            decisions: vec![Decision {
+                t: heal + 200_000,
+                failure: Some(RedisFailure::Timeout),
+                ..decision(Tier::FailOpen, true, true)
+            }],
+            ..AppLog::default()
+        };
+        assert_eq!(
+            after_heal(&log, heal, heal + 1_004_000),
+            "breaker half_open at +200.0 ms, open at +250.0 ms, half_open at +1000.0 ms, \
+             closed at +1004.0 ms; calls begun meanwhile failed: 1 Timeout"
+        );
+        assert_eq!(
+            after_heal(&AppLog::default(), heal, heal + 10),
+            "breaker unchanged; calls begun meanwhile failed: none"
+        );
     }
 
     /// A fallback decided before the fault fails the run; one begun before
