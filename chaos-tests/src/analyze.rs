@@ -58,8 +58,10 @@ pub struct AppLog {
     pub decisions: Vec<Decision>,
     /// Checks that returned an error: (t, message).
     pub errors: Vec<(u64, String)>,
-    /// Breaker states: (t, state, probe due t).
-    pub states: Vec<(u64, String, Option<u64>)>,
+    /// Breaker states: (t, state, probe due t, since). The app polls its
+    /// breaker, so a transition logged at t happened after `since`, its
+    /// previous poll, and by t: 1 ms apart, or more when the app stalled.
+    pub states: Vec<(u64, String, Option<u64>, u64)>,
     /// The final counters: reconciled, expired, overflow, pending, batches retried, instances.
     pub last: Option<[u64; 6]>,
 }
@@ -104,8 +106,10 @@ impl AppLog {
                     }
                 }
                 Some("e") if f.len() >= 5 => log.errors.push((n(1).unwrap_or(0), f[4..].join(","))),
-                Some("s") if f.len() == 4 => {
-                    log.states.push((n(1).unwrap_or(0), f[2].to_string(), n(3)))
+                Some("s") if f.len() == 4 || f.len() == 5 => {
+                    let at = n(1).unwrap_or(0);
+                    log.states
+                        .push((at, f[2].to_string(), n(3), n(4).unwrap_or(at)))
                 }
                 Some("f") if f.len() == 7 => {
                     let mut v = [0; 6];
@@ -124,28 +128,31 @@ impl AppLog {
     pub fn state_at(&self, t: u64) -> &str {
         self.states
             .iter()
-            .take_while(|(at, _, _)| *at <= t)
+            .take_while(|(at, _, _, _)| *at <= t)
             .last()
-            .map_or("closed", |(_, s, _)| s.as_str())
+            .map_or("closed", |(_, s, _, _)| s.as_str())
     }
 
-    /// True when the breaker was not closed (open or half-open: either way no
-    /// check touches Redis) over all of `[t - margin, t + margin]`.
+    /// True when the breaker was surely not closed (open or half-open:
+    /// either way no check touches Redis) over all of `[t - margin, t +
+    /// margin]`: it left Closed by then, as logged, and no close may have
+    /// happened in it (a close logged later, but after a poll that came late,
+    /// may have happened earlier, from that poll's previous one on).
     pub fn open_around(&self, t: u64, margin: u64) -> bool {
         let from = t.saturating_sub(margin);
         self.state_at(from) != "closed"
             && !self
                 .states
                 .iter()
-                .any(|(at, s, _)| *at > from && *at <= t + margin && s == "closed")
+                .any(|(at, s, _, since)| *at > from && *since <= t + margin && s == "closed")
     }
 
     /// The first time at or after `from` the breaker entered `state`.
     pub fn first(&self, state: &str, from: u64) -> Option<u64> {
         self.states
             .iter()
-            .find(|(at, s, _)| *at >= from && s == state)
-            .map(|(at, _, _)| *at)
+            .find(|(at, s, _, _)| *at >= from && s == state)
+            .map(|(at, _, _, _)| *at)
     }
 }
 
@@ -634,9 +641,9 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             let (state, due) = log
                 .states
                 .iter()
-                .take_while(|(at, _, _)| *at <= tl.healed_at)
+                .take_while(|(at, _, _, _)| *at <= tl.healed_at)
                 .last()
-                .map(|(_, s, d)| (s.as_str(), *d))
+                .map(|(_, s, d, _)| (s.as_str(), *d))
                 .unwrap_or(("closed", None));
             if state == "closed" {
                 // Closed again before the heal was recorded: a docker action
@@ -647,7 +654,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             // A probe that started up to one deadline before the heal (the log
             // is polled, so up to 5 ms after it) may have been sent into the
             // fault: it can still fail, like one logged as in flight.
-            let probe_in_flight = log.states.iter().any(|(at, s, _)| {
+            let probe_in_flight = log.states.iter().any(|(at, s, _, _)| {
                 s == "half_open" && *at + deadline_us > tl.healed_at && *at <= tl.healed_at + margin
             });
             let limit = if state == "open" && !probe_in_flight {
@@ -862,8 +869,8 @@ fn after_heal(log: &AppLog, healed: u64, closed: u64) -> String {
     let states: Vec<String> = log
         .states
         .iter()
-        .filter(|(at, _, _)| *at + 1 >= healed && *at <= closed)
-        .map(|(at, state, _)| {
+        .filter(|(at, _, _, _)| *at + 1 >= healed && *at <= closed)
+        .map(|(at, state, _, _)| {
             format!(
                 "{state} at +{:.1} ms",
                 at.saturating_sub(healed) as f64 / 1e3
@@ -1374,6 +1381,26 @@ mod tests {
         assert!(checks.iter().all(|c| c.verdict != "FAIL"), "{checks:#?}");
     }
 
+    /// A check is judged as made while Open only when no close may have
+    /// come before its end: a close logged by a poll that came late (the
+    /// app stalled) may have happened as early as the poll before it.
+    #[test]
+    fn a_close_logged_late_may_have_come_early() {
+        let log = |closed_since: u64| AppLog {
+            states: vec![
+                (1_000, "open".into(), Some(2_000), 999),
+                (2_000, "half_open".into(), None, 1_999),
+                (30_000, "closed".into(), None, closed_since),
+            ],
+            ..AppLog::default()
+        };
+        // Polled on time: the close came after 29 ms, so 4 ms ± 0.5 was open.
+        assert!(log(29_000).open_around(4_000, 500));
+        // The poll before the close came at 3 ms, then the app stalled.
+        assert!(!log(3_000).open_around(4_000, 500));
+        assert!(log(3_000).open_around(2_400, 500), "before that poll");
+    }
+
     /// A late recovery names the breaker's path after the heal and what its
     /// calls met: a failed probe reads differently from no probe.
     #[test]
@@ -1381,11 +1408,21 @@ mod tests {
         let heal = 5_000_000;
         let log = AppLog {
             states: vec![
-                (heal - 300_000, "open".into(), Some(heal + 200_000)),
-                (heal + 200_000, "half_open".into(), None),
-                (heal + 250_000, "open".into(), Some(heal + 1_000_000)),
-                (heal + 1_000_000, "half_open".into(), None),
-                (heal + 1_004_000, "closed".into(), None),
+                (
+                    heal - 300_000,
+                    "open".into(),
+                    Some(heal + 200_000),
+                    heal - 301_000,
+                ),
+                (heal + 200_000, "half_open".into(), None, heal + 199_000),
+                (
+                    heal + 250_000,
+                    "open".into(),
+                    Some(heal + 1_000_000),
+                    heal + 249_000,
+                ),
+                (heal + 1_000_000, "half_open".into(), None, heal + 999_000),
+                (heal + 1_004_000, "closed".into(), None, heal + 1_003_000),
             ],
             decisions: vec![Decision {
                 t: heal + 200_000,

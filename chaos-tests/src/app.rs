@@ -12,7 +12,8 @@
 //!   failure (`Timeout`, `ConnectionRefused`, `ConnectionLost`, ..., the
 //!   [`RedisFailure`] variant), `-` when the check's own call did not fail
 //! * `e,<t_us>,<latency_us>,<stream>,<message>`: a check that returned an error
-//! * `s,<t_us>,<state>,<probe_due_t_us|->`: the breaker changed state
+//! * `s,<t_us>,<state>,<probe_due_t_us|->,<since_us>`: the breaker changed state
+//!   after `since_us` (the previous poll) and by `t_us`
 //! * `f,<reconciled>,<expired>,<overflow>,<pending>,<batches_retried>,<instances>`:
 //!   the final reconcile counters
 //!
@@ -87,7 +88,10 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
             // Every transition counts, even a probe that fails within one poll
             // (open -> half-open -> open): its new probe time must be logged.
             let mut last = None;
+            // When this task last looked: a transition it sees happened since.
+            let mut polled = rel();
             loop {
+                let looking = rel();
                 let seen = limiter.breaker().transitions();
                 let state = limiter.breaker_state();
                 if Some(seen) != last {
@@ -97,9 +101,10 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                         .map_or("-".to_string(), |d| {
                             (rel() + d.as_micros() as u64).to_string()
                         });
-                    let _ = tx.send(format!("s,{},{},{}", rel(), state.as_str(), due));
+                    let _ = tx.send(format!("s,{},{},{},{polled}", rel(), state.as_str(), due));
                     last = Some(seen);
                 }
+                polled = looking;
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })

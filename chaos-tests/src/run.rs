@@ -212,7 +212,7 @@ impl Tail {
             match f.first().copied() {
                 Some("d") if f.get(5) == Some(&"1") => self.admitted += 1,
                 Some("d") => self.denied += 1,
-                Some("s") if f.len() == 4 => self
+                Some("s") if f.len() >= 4 => self
                     .states
                     .push((f[1].parse().unwrap_or(0), f[2].to_string())),
                 _ => {}
