@@ -537,8 +537,8 @@ async fn rejected_everywhere(cluster: &RedisCluster) -> u64 {
 }
 
 /// Checks `keys` until a round of them reaches their masters without a
-/// redirect (by
-/// `rejected_everywhere`); panics after `within`.
+/// redirect (`rejected_everywhere` did not grow); panics after
+/// `within`.
 async fn until_checked_without_redirect(
     cluster: &RedisCluster,
     tier: &RedisTier,

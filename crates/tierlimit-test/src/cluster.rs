@@ -2,13 +2,12 @@
 //! on free loopback ports, joined by `redis-cli --cluster create`.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::RedisServer;
-use crate::server::TestCa;
+use crate::server::{TestCa, free_port};
 
 const MASTERS: usize = 3;
 /// How long a node may be unreachable before the others fail it over. Short,
@@ -88,12 +87,12 @@ impl RedisCluster {
                             "--repl-diskless-sync-delay",
                             REPL_DISKLESS_SYNC_DELAY_S,
                             "--cluster-port",
-                            &free_bus_port().to_string(),
+                            &free_port().to_string(),
                         ]
                         .map(String::from)
                         .to_vec();
                         let tls_port = ca.as_ref().map(|ca| {
-                            let port = free_bus_port();
+                            let port = free_port();
                             args.extend(ca.cluster_node_args(port));
                             port
                         });
@@ -336,17 +335,6 @@ impl RedisCluster {
             sleep(Duration::from_millis(20));
         }
     }
-}
-
-/// A port for a node's cluster bus (or TLS clients): free now. Another
-/// socket may take it before the node binds it, as it may the client port
-/// [`RedisServer`] draws the same way: the node then exits, and its start is
-/// tried again with every port drawn afresh.
-fn free_bus_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a free loopback port")
 }
 
 /// `127.0.0.1:<port>` of one of this process's nodes.

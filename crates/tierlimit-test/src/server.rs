@@ -527,8 +527,11 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
+/// A loopback port that was free a moment ago. Another socket may take it
+/// before a server binds it: the server then exits, and
+/// [`RedisServer::start_each`] tries again with every port drawn afresh (a
+/// Cluster node's bus and TLS ports too).
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .expect("cannot bind an ephemeral port on 127.0.0.1")
