@@ -141,6 +141,15 @@ impl Stalls {
         self.origin
     }
 
+    /// The longest stall's length (zero if there was none).
+    pub fn longest(&self) -> Duration {
+        self.list
+            .iter()
+            .map(Stall::length)
+            .max()
+            .unwrap_or_default()
+    }
+
     /// Every stall, in order, timed from the watch's origin.
     pub fn into_list(self) -> Vec<Stall> {
         self.list
@@ -176,14 +185,15 @@ impl Stalls {
 
 impl fmt::Display for Stalls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.list.iter().map(Stall::length).max() {
-            Some(longest) => write!(
-                f,
-                "the machine stalled {} times, the longest {longest:?}",
-                self.list.len()
-            ),
-            None => f.write_str("the machine never stalled"),
+        if self.list.is_empty() {
+            return f.write_str("the machine never stalled");
         }
+        write!(
+            f,
+            "the machine stalled {} times, the longest {:?}",
+            self.list.len(),
+            self.longest()
+        )
     }
 }
 
