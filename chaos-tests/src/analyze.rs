@@ -58,12 +58,25 @@ pub struct AppLog {
     pub decisions: Vec<Decision>,
     /// Checks that returned an error: (t, message).
     pub errors: Vec<(u64, String)>,
-    /// Breaker states: (t, state, probe due t, since). The app polls its
-    /// breaker, so a transition logged at t happened after `since`, its
-    /// previous poll, and by t: 1 ms apart, or more when the app stalled.
-    pub states: Vec<(u64, String, Option<u64>, u64)>,
+    /// Breaker states, as the app logged them.
+    pub states: Vec<StateLine>,
     /// The final counters: reconciled, expired, overflow, pending, batches retried, instances.
     pub last: Option<[u64; 6]>,
+}
+
+/// A breaker state an app logged. The app polls its breaker, so the
+/// transition happened after `since`, its previous poll, and by `at`: 1 ms
+/// apart, or more when the app stalled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateLine {
+    /// When the app saw the state, µs since the run's start.
+    pub at: u64,
+    /// The state: `closed`, `open` or `half_open`.
+    pub state: String,
+    /// When Open, when its probe is due, µs.
+    pub due: Option<u64>,
+    /// The app's previous poll, µs.
+    pub since: u64,
 }
 
 impl AppLog {
@@ -108,8 +121,12 @@ impl AppLog {
                 Some("e") if f.len() >= 5 => log.errors.push((n(1).unwrap_or(0), f[4..].join(","))),
                 Some("s") if f.len() == 4 || f.len() == 5 => {
                     let at = n(1).unwrap_or(0);
-                    log.states
-                        .push((at, f[2].to_string(), n(3), n(4).unwrap_or(at)))
+                    log.states.push(StateLine {
+                        at,
+                        state: f[2].to_string(),
+                        due: n(3),
+                        since: n(4).unwrap_or(at),
+                    })
                 }
                 Some("f") if f.len() == 7 => {
                     let mut v = [0; 6];
@@ -128,9 +145,9 @@ impl AppLog {
     pub fn state_at(&self, t: u64) -> &str {
         self.states
             .iter()
-            .take_while(|(at, _, _, _)| *at <= t)
+            .take_while(|l| l.at <= t)
             .last()
-            .map_or("closed", |(_, s, _, _)| s.as_str())
+            .map_or("closed", |l| l.state.as_str())
     }
 
     /// True when the breaker was surely not closed (open or half-open:
@@ -144,15 +161,25 @@ impl AppLog {
             && !self
                 .states
                 .iter()
-                .any(|(at, s, _, since)| *at > from && *since <= t + margin && s == "closed")
+                .any(|l| l.at > from && l.since <= t + margin && l.state == "closed")
+    }
+
+    /// Whether a probe may have been in flight at `t`: begun less than
+    /// `deadline` before it, so sent into a fault that ended at `t`, and
+    /// able to fail still. A probe logged at `at` began after the poll
+    /// before (`since`), however late the app logged it.
+    pub fn probe_in_flight(&self, t: u64, deadline: u64) -> bool {
+        self.states
+            .iter()
+            .any(|l| l.state == "half_open" && l.since < t && l.at + deadline > t)
     }
 
     /// The first time at or after `from` the breaker entered `state`.
     pub fn first(&self, state: &str, from: u64) -> Option<u64> {
         self.states
             .iter()
-            .find(|(at, s, _, _)| *at >= from && s == state)
-            .map(|(at, _, _, _)| *at)
+            .find(|l| l.at >= from && l.state == state)
+            .map(|l| l.at)
     }
 }
 
@@ -641,9 +668,9 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             let (state, due) = log
                 .states
                 .iter()
-                .take_while(|(at, _, _, _)| *at <= tl.healed_at)
+                .take_while(|l| l.at <= tl.healed_at)
                 .last()
-                .map(|(_, s, d, _)| (s.as_str(), *d))
+                .map(|l| (l.state.as_str(), l.due))
                 .unwrap_or(("closed", None));
             if state == "closed" {
                 // Closed again before the heal was recorded: a docker action
@@ -651,13 +678,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                 recover_ms = Some(recover_ms.unwrap_or(0.0));
                 continue;
             }
-            // A probe that started up to one deadline before the heal (the log
-            // is polled, so up to 5 ms after it) may have been sent into the
-            // fault: it can still fail, like one logged as in flight.
-            let probe_in_flight = log.states.iter().any(|(at, s, _, _)| {
-                s == "half_open" && *at + deadline_us > tl.healed_at && *at <= tl.healed_at + margin
-            });
-            let limit = if state == "open" && !probe_in_flight {
+            let limit = if state == "open" && !log.probe_in_flight(tl.healed_at, deadline_us) {
                 due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us
             } else {
                 // A probe in flight may still fail: then one more cool-down and probe.
@@ -869,11 +890,12 @@ fn after_heal(log: &AppLog, healed: u64, closed: u64) -> String {
     let states: Vec<String> = log
         .states
         .iter()
-        .filter(|(at, _, _, _)| *at + 1 >= healed && *at <= closed)
-        .map(|(at, state, _, _)| {
+        .filter(|l| l.at + 1 >= healed && l.at <= closed)
+        .map(|l| {
             format!(
-                "{state} at +{:.1} ms",
-                at.saturating_sub(healed) as f64 / 1e3
+                "{} at +{:.1} ms",
+                l.state,
+                l.at.saturating_sub(healed) as f64 / 1e3
             )
         })
         .collect();
@@ -1384,13 +1406,22 @@ mod tests {
     /// A check is judged as made while Open only when no close may have
     /// come before its end: a close logged by a poll that came late (the
     /// app stalled) may have happened as early as the poll before it.
+    fn line(at: u64, state: &str, due: Option<u64>, since: u64) -> StateLine {
+        StateLine {
+            at,
+            state: state.into(),
+            due,
+            since,
+        }
+    }
+
     #[test]
     fn a_close_logged_late_may_have_come_early() {
         let log = |closed_since: u64| AppLog {
             states: vec![
-                (1_000, "open".into(), Some(2_000), 999),
-                (2_000, "half_open".into(), None, 1_999),
-                (30_000, "closed".into(), None, closed_since),
+                line(1_000, "open", Some(2_000), 999),
+                line(2_000, "half_open", None, 1_999),
+                line(30_000, "closed", None, closed_since),
             ],
             ..AppLog::default()
         };
@@ -1401,6 +1432,29 @@ mod tests {
         assert!(log(3_000).open_around(2_400, 500), "before that poll");
     }
 
+    /// A probe begun less than a deadline before the heal may fail still,
+    /// and one logged late after the heal may have begun before it: from
+    /// the poll before, on.
+    #[test]
+    fn a_probe_logged_late_may_have_been_sent_into_the_fault() {
+        let (heal, deadline) = (5_000_000, 50_000);
+        let probe = |at: u64, since: u64| AppLog {
+            states: vec![
+                line(heal - 900_000, "open", Some(heal - 1_000), heal - 901_000),
+                line(at, "half_open", None, since),
+            ],
+            ..AppLog::default()
+        };
+        assert!(probe(heal - 1_000, heal - 2_000).probe_in_flight(heal, deadline));
+        // Begun a whole deadline before the heal: it has failed by then.
+        let early = probe(heal - deadline, heal - deadline - 1_000);
+        assert!(!early.probe_in_flight(heal, deadline));
+        // Polled on time after the heal: begun after it.
+        assert!(!probe(heal + 2_000, heal + 1_000).probe_in_flight(heal, deadline));
+        // Logged 30 ms after the heal, the poll before 1 ms before it.
+        assert!(probe(heal + 30_000, heal - 1_000).probe_in_flight(heal, deadline));
+    }
+
     /// A late recovery names the breaker's path after the heal and what its
     /// calls met: a failed probe reads differently from no probe.
     #[test]
@@ -1408,21 +1462,16 @@ mod tests {
         let heal = 5_000_000;
         let log = AppLog {
             states: vec![
-                (
-                    heal - 300_000,
-                    "open".into(),
-                    Some(heal + 200_000),
-                    heal - 301_000,
-                ),
-                (heal + 200_000, "half_open".into(), None, heal + 199_000),
-                (
+                line(heal - 300_000, "open", Some(heal + 200_000), heal - 301_000),
+                line(heal + 200_000, "half_open", None, heal + 199_000),
+                line(
                     heal + 250_000,
-                    "open".into(),
+                    "open",
                     Some(heal + 1_000_000),
                     heal + 249_000,
                 ),
-                (heal + 1_000_000, "half_open".into(), None, heal + 999_000),
-                (heal + 1_004_000, "closed".into(), None, heal + 1_003_000),
+                line(heal + 1_000_000, "half_open", None, heal + 999_000),
+                line(heal + 1_004_000, "closed", None, heal + 1_003_000),
             ],
             decisions: vec![Decision {
                 t: heal + 200_000,
