@@ -55,7 +55,7 @@ pub struct Live {
 #[derive(Debug)]
 pub struct Load {
     started: Instant,
-    stop: Arc<AtomicBool>,
+    stop: StopOnDrop,
     live: Arc<Live>,
     tasks: Vec<JoinHandle<Vec<Sample>>>,
     watch: StallWatch,
@@ -107,7 +107,7 @@ impl Load {
             .collect();
         Load {
             started,
-            stop,
+            stop: StopOnDrop(stop),
             live,
             tasks,
             watch,
@@ -132,7 +132,7 @@ impl Load {
     /// Stops every task and returns all samples, ordered by start time, with
     /// the machine's stalls meanwhile.
     pub async fn stop(self) -> Samples {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.0.store(true, Ordering::Relaxed);
         let mut all = Vec::new();
         for task in self.tasks {
             all.extend(task.await.expect("a load task panicked"));
@@ -142,6 +142,18 @@ impl Load {
             all,
             stalls: self.watch.stop(),
         }
+    }
+}
+
+/// The load's stop flag, raised when the load is dropped unstopped (a test
+/// failed midway), so its tasks end instead of running on beside whatever
+/// the process does next (a test run again, see `tierlimit`'s `hybrid_faults`).
+#[derive(Debug)]
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -185,4 +197,42 @@ pub fn quantile(latencies: impl IntoIterator<Item = Duration>, q: f64) -> Durati
     v.sort_unstable();
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A load dropped without `stop` (its test failed midway) ends its
+    /// tasks: they let go of what their checks hold.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_dropped_unstopped_ends_its_tasks() {
+        let held = Arc::new(());
+        let checks = Arc::new(AtomicU64::new(0));
+        let (h, c) = (held.clone(), checks.clone());
+        let load = Load::start(4, Duration::from_millis(1), move |_, _| {
+            let _held = h.clone();
+            c.fetch_add(1, Ordering::Relaxed);
+            async {
+                (
+                    0,
+                    Ok(Decision::allowed(1, 0, Duration::ZERO, 0, Tier::Redis)),
+                )
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while checks.load(Ordering::Relaxed) < 8 {
+            assert!(Instant::now() < deadline, "the load never ran");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(load);
+        while Arc::strong_count(&held) > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the load's tasks still run after it was dropped ({} checks)",
+                checks.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
