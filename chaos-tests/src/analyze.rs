@@ -1403,9 +1403,6 @@ mod tests {
         assert!(checks.iter().all(|c| c.verdict != "FAIL"), "{checks:#?}");
     }
 
-    /// A check is judged as made while Open only when no close may have
-    /// come before its end: a close logged by a poll that came late (the
-    /// app stalled) may have happened as early as the poll before it.
     fn line(at: u64, state: &str, due: Option<u64>, since: u64) -> StateLine {
         StateLine {
             at,
@@ -1415,6 +1412,9 @@ mod tests {
         }
     }
 
+    /// A check is judged as made while Open only when no close may have
+    /// come before its end: a close logged by a poll that came late (the
+    /// app stalled) may have happened as early as the poll before it.
     #[test]
     fn a_close_logged_late_may_have_come_early() {
         let log = |closed_since: u64| AppLog {

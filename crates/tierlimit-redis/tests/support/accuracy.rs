@@ -125,8 +125,8 @@ impl Run {
 /// GCRA and the token bucket from a full state: by their last call they may
 /// have admitted at most `capacity + floor(elapsed * limit / period)`. Load
 /// that keeps the bucket drained makes them admit that many, or one less
-/// for rounding, by their last admission: calls after it (a straggler that
-/// came 10 ms after the rest) find the bucket empty. Refill that comes while
+/// for rounding, by their last admission: calls after it (a straggler after
+/// the rest) find the bucket empty. Refill that comes while
 /// the bucket is full is lost by definition; at the start, until the burst
 /// is spent, any pause between calls loses it. So the least count is judged
 /// against what the calls, as decided, left room for: a bucket of this rate
