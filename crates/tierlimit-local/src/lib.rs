@@ -47,9 +47,13 @@
 //!
 //! # Across outages
 //!
-//! A bucket is the latest word on its key until Redis reports on the key
-//! after the bucket's outage ended (that report counts what the bucket
-//! admitted: the key's next Redis call carries it). A later outage, or
+//! An outage is the checks decided here because Redis could not be asked or
+//! did not answer, until Redis answers a call sent in it: an Open breaker's
+//! minutes, or a single call that failed while the breaker stayed Closed
+//! ([`LocalTier::outage`], [`LocalTier::end_outage`]). A bucket is the latest
+//! word on its key until Redis reports on the key from a call sent after the
+//! bucket's outage ended (that report counts what the bucket admitted: the
+//! key's next Redis call carries it). A later outage, or
 //! another instance count, goes on from the bucket until then, converted
 //! like a limit change (what this instance used, judged by its new share),
 //! and from the report after it. Pruned before any report, the bucket
@@ -70,7 +74,8 @@
 //! let local = LocalTier::new(LocalConfig::default(), Arc::new(SystemClock))?;
 //! let set = RuleSet::new("reports", [Rule::per_hour(100)?])?;
 //! // Redis said 10 remained just before it failed; one instance gets those 10, not 100.
-//! local.remember("user-7", &set, [(10, std::time::Duration::from_secs(3600))].into_iter());
+//! let reported = [(10, std::time::Duration::from_secs(3600))];
+//! local.remember("user-7", &set, reported.into_iter(), local.outage());
 //! let admitted = (0..100)
 //!     .filter(|_| matches!(local.check("user-7", &set, 1, 1, true), LocalAnswer::Decided(d) if d.allowed))
 //!     .count();

@@ -168,7 +168,9 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             current,
             previous,
         } => {
-            let index = local_window_index(rule, now);
+            // A wall clock stepped back stays in the stored window: its
+            // counts are not given up.
+            let index = local_window_index(rule, now).max(stored);
             let (current, previous) = rolled(index, stored, current, previous);
             let start = window_start(now, period, local_window_offset(rule));
             let to_end = start + period - now;

@@ -1,7 +1,7 @@
 //! The local tier: buckets, denial cache, warm-start memory and ledger together.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -158,7 +158,9 @@ impl Owed {
     /// check's time (perf, `fallback/1000-keys`).
     fn add(&mut self, units: u64, now_us: u64) {
         let owed = self.units.get_mut();
-        *owed = owed.wrapping_add(units);
+        // Saturating like the ledger's: a count that wrapped to 0 would owe
+        // nothing, and its bucket would be pruned as clean.
+        *owed = owed.saturating_add(units);
         let first = self.first_us.get_mut();
         *first = (*first).min(now_us);
         let last = self.last_us.get_mut();
@@ -166,22 +168,29 @@ impl Owed {
     }
 
     /// Takes everything owed: (units, first, last, window).
+    ///
+    /// Takers may race (each under a shared guard), never with `add`: only
+    /// the one whose swap took the units resets the times, so the times go
+    /// with the units. A taker that found none and reset them anyway could
+    /// leave the one that took the units with times of 0, a span the ledger
+    /// would drop as long expired.
     fn take(&self) -> Option<(u64, u64, u64, u64)> {
         if self.units.load(Ordering::Acquire) == 0 {
             return None;
         }
         let units = self.units.swap(0, Ordering::AcqRel);
+        if units == 0 {
+            return None;
+        }
         let first = self.first_us.swap(u64::MAX, Ordering::Relaxed);
         let last = self.last_us.swap(0, Ordering::Relaxed);
         let first = if first == u64::MAX { last } else { first };
-        (units > 0).then(|| {
-            (
-                units,
-                first,
-                last.max(first),
-                self.window.load(Ordering::Relaxed),
-            )
-        })
+        Some((
+            units,
+            first,
+            last.max(first),
+            self.window.load(Ordering::Relaxed),
+        ))
     }
 }
 
@@ -434,6 +443,9 @@ pub const DENIAL_SPREAD: f64 = 0.2;
 /// lone hammered key is never moved, so it keeps costing one Redis call per
 /// retry-after.
 const CROWDED: u64 = 16;
+/// The bit of [`LocalTier`]'s outage word set once a bucket belongs to the
+/// current outage.
+const DECIDED: u64 = 1;
 /// Milliseconds of expiries tracked at once (a ring; an older millisecond's
 /// count is taken over by a newer one).
 const EXPIRY_RING: usize = 64;
@@ -444,7 +456,7 @@ const COUNT_BITS: u32 = 20;
 struct Warm {
     seen_at_us: u64,
     expires_us: u64,
-    /// The tier's outage count when Redis reported: a bucket of an earlier
+    /// The outage the reporting call was sent in: a bucket of an earlier
     /// outage has been written back to Redis and superseded by this report.
     outage: u64,
     /// Per rule, the remaining Redis reported and the rule's capacity then
@@ -505,11 +517,17 @@ pub struct LocalTier {
     /// Wall clock minus monotonic clock, in µs (wrapping); see `unix_from`.
     unix_offset_us: AtomicU64,
     refused: AtomicU64,
-    /// Which outage buckets belong to; see [`LocalTier::end_outage`].
+    /// Which outage buckets belong to, doubled, plus [`DECIDED`] once a
+    /// bucket was made or carried into it; see [`LocalTier::end_outage`].
     outage: AtomicU64,
-    /// Until when (clock µs) the ended outage's buckets still bound their
-    /// keys; 0 once that has passed (or before any outage ended).
+    /// The first ended outage whose buckets still bound their keys.
+    settle_from: AtomicU64,
+    /// Until when (clock µs) the buckets of the outages from `settle_from`
+    /// to the current one still bound their keys; 0 once that has passed
+    /// (or before any outage ended).
     settle_until_us: AtomicU64,
+    /// Serializes the writers of the two above.
+    settle_lock: Mutex<()>,
     /// How many cached denials expire in each recent millisecond, as
     /// `ms << COUNT_BITS | count`, to tell a crowd from a lone key.
     expiries: [AtomicU64; EXPIRY_RING],
@@ -534,7 +552,9 @@ impl LocalTier {
             unix_offset_us: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
+            settle_from: AtomicU64::new(0),
             settle_until_us: AtomicU64::new(0),
+            settle_lock: Mutex::new(()),
             expiries: std::array::from_fn(|_| AtomicU64::new(0)),
         };
         tier.sync_clocks(tier.now());
@@ -579,45 +599,110 @@ impl LocalTier {
         count > CROWDED
     }
 
-    /// Ends the current outage: Redis answers again. A bucket made so far is
-    /// stale once Redis reports on its key (the key's next Redis call carries
-    /// what the bucket admitted, so the report counts it): the next outage
-    /// starts that key from the report (its warm seed), not from the older
-    /// bucket. A key that used its local share in one outage, then Redis for
-    /// a while, would otherwise meet the next outage with the leftover of the
-    /// first, which with hourly or daily rules admits about twice the limit.
-    /// Until then the bucket is the latest word on its key and the next
-    /// outage goes on from it: a key Redis was not asked about between two
-    /// outages would otherwise get a second share of the same window from
-    /// the seed of before the first. Pruned once the outage has settled,
-    /// such a bucket leaves what it used as its key's warm seed (when the
-    /// warm map is full at [`LocalConfig::max_warm_keys`], the bucket stays
-    /// instead, until a later prune finds room or it is back to full).
+    /// The outage a Redis call sent now is sent in: pass it, with the call's
+    /// answer, to [`remember`](Self::remember) and
+    /// [`end_outage`](Self::end_outage).
     ///
-    /// For `settle` after that, a key's bucket from the ended outage still
-    /// bounds it ([`settling`](Self::settling)): instances return from an
-    /// outage at different times (each probes after its own jittered
-    /// cool-down), and until the last one has written back what it admitted,
-    /// Redis undercounts the key. Without this, the first instance back could
-    /// take the key's whole Redis quota on top of what the fleet admitted
-    /// locally in the same window. Pass the longest time the other instances
-    /// may take to come back (the breaker's longest cool-down plus a deadline).
-    pub fn end_outage(&self, settle: Duration) {
-        let until = self
-            .clock
-            .unix_micros()
-            .saturating_add(u64::try_from(settle.as_micros()).unwrap_or(u64::MAX));
-        self.settle_until_us.store(until, Ordering::Relaxed);
-        self.outage.fetch_add(1, Ordering::Relaxed);
+    /// An outage is every check decided here because Redis could not be
+    /// asked or did not answer, from the first until Redis answers a call
+    /// sent after it: a breaker that stayed Open for minutes, or one call
+    /// that failed while the breaker stayed Closed.
+    pub fn outage(&self) -> u64 {
+        self.outage.load(Ordering::Relaxed) >> 1
     }
 
-    /// While the outage that just ended settles (see [`end_outage`](Self::end_outage)):
-    /// charges `cost` to the key's bucket from that outage, if it has one, and
+    /// Notes that a bucket now belongs to `outage`, so that an answer to a
+    /// call sent in it ends it. Free once noted.
+    fn decided_in(&self, outage: u64) {
+        let fresh = outage << 1;
+        if self.outage.load(Ordering::Relaxed) == fresh {
+            let _ = self.outage.compare_exchange(
+                fresh,
+                fresh | DECIDED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Redis answered a call sent in outage `sent_in` (see
+    /// [`outage`](Self::outage)): that outage is over. Free when nothing was
+    /// decided in it, or it has ended already.
+    ///
+    /// A bucket made so far is stale once Redis reports on its key from a
+    /// call sent after this (the key's next Redis call carries what the
+    /// bucket admitted, so the report counts it): the next outage starts that
+    /// key from the report (its warm seed), not from the older bucket. A key
+    /// that used its local share in one outage, then Redis for a while, would
+    /// otherwise meet the next outage with the leftover of the first, which
+    /// with hourly or daily rules admits about twice the limit. Until then
+    /// the bucket is the latest word on its key and the next outage goes on
+    /// from it: a key Redis was not asked about between two outages would
+    /// otherwise get a second share of the same window from the seed of
+    /// before the first. Pruned once the outage has settled, such a bucket
+    /// leaves what it used as its key's warm seed (when the warm map is full
+    /// at [`LocalConfig::max_warm_keys`], the bucket stays instead, until a
+    /// later prune finds room or it is back to full).
+    ///
+    /// For `settle` after that (none when zero), a key's bucket from this
+    /// outage or a later one that has ended still bounds it
+    /// ([`settling`](Self::settling)): instances return from an outage at
+    /// different times (each probes after its own jittered cool-down), and
+    /// until the last one has written back what it admitted, Redis
+    /// undercounts the key. Without this, the first instance back could take
+    /// the key's whole Redis quota on top of what the fleet admitted locally
+    /// in the same window. Pass the longest time the other instances may take
+    /// to come back (the breaker's longest cool-down plus a deadline) when a
+    /// probe ends an outage of the whole fleet; zero when a check's call
+    /// answers after another one failed. A settle still running goes on,
+    /// over every outage ended since it began.
+    pub fn end_outage(&self, sent_in: u64, settle: Duration) {
+        if !settle.is_zero() {
+            self.settle(sent_in, settle);
+        }
+        let decided = sent_in << 1 | DECIDED;
+        if self.outage.load(Ordering::Relaxed) == decided {
+            let _ = self.outage.compare_exchange(
+                decided,
+                (sent_in + 1) << 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Bounds keys by their buckets of outage `from` and later ended ones
+    /// for `settle` from now, or by those of the settle running now, if it
+    /// began with an earlier outage, until the later of the two ends.
+    fn settle(&self, from: u64, settle: Duration) {
+        let now = self.clock.unix_micros();
+        let until = now.saturating_add(u64::try_from(settle.as_micros()).unwrap_or(u64::MAX));
+        let _writer = self
+            .settle_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let running = self.settle_until_us.load(Ordering::Relaxed);
+        if running <= now {
+            self.settle_from.store(from, Ordering::Relaxed);
+        }
+        self.settle_until_us
+            .store(running.max(until), Ordering::Release);
+    }
+
+    /// While outages settle: the first of them (its buckets, and those of
+    /// every outage after it but the current one, still bound their keys).
+    fn settling_from(&self, now_us: u64) -> Option<u64> {
+        let until = self.settle_until_us.load(Ordering::Acquire);
+        (now_us < until).then(|| self.settle_from.load(Ordering::Relaxed))
+    }
+
+    /// While the outages that just ended settle (see [`end_outage`](Self::end_outage)):
+    /// charges `cost` to the key's bucket from one of them, if it has one, and
     /// answers its denial when that bucket has no room, so Redis is not asked
     /// (the caller asks Redis when this is `None`). Free otherwise: once the
     /// settling time has passed, it reads no clock until the next outage ends.
     pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
-        let until = self.settle_until_us.load(Ordering::Relaxed);
+        let until = self.settle_until_us.load(Ordering::Acquire);
         if until == 0 {
             return None;
         }
@@ -636,10 +721,11 @@ impl LocalTier {
             mono_ns: self.mono_ns(),
             unix_us,
         };
-        let ended = self.outage.load(Ordering::Relaxed).checked_sub(1)?;
+        let from = self.settle_from.load(Ordering::Relaxed);
+        let current = self.outage();
         let probe = Probe::new(set, escaped_key);
         let mut bucket = self.buckets.get_mut(&probe)?;
-        if bucket.outage != ended {
+        if !(from..current).contains(&bucket.outage) {
             return None;
         }
         let written = bucket.engine.clone()?;
@@ -774,7 +860,7 @@ impl LocalTier {
         rules: Option<&mut Vec<RuleState>>,
     ) -> LocalAnswer {
         let mono_ns = self.mono_ns();
-        let outage = self.outage.load(Ordering::Relaxed);
+        let outage = self.outage();
         let probe = Probe::new(set, escaped_key);
         // A known key of a one-rule governor set: governor, under the
         // bucket's exclusive guard, so the cell and what is owed are written
@@ -884,6 +970,7 @@ impl LocalTier {
             }
             b.outage = outage;
         }
+        self.decided_in(outage);
         let mut evals = [Eval::EMPTY; MAX_RULES];
         let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
         if allowed && record {
@@ -1057,7 +1144,8 @@ impl LocalTier {
             self.owe(set, escaped_key, &mut bucket.rules, cost, now);
             return;
         }
-        let outage = self.outage.load(Ordering::Relaxed);
+        let outage = self.outage();
+        self.decided_in(outage);
         let bucket = self.buckets.entry_of(set, escaped_key, |_| Bucket {
             engine: None,
             outage,
@@ -1115,23 +1203,21 @@ impl LocalTier {
     /// time until full), so a bucket created during an outage starts from there,
     /// scaled to the share, instead of from full. Kept until the last rule would be
     /// full again, bounded by [`LocalConfig::max_warm_keys`].
+    ///
+    /// `sent_in` is the [`outage`](Self::outage) the reporting call was sent
+    /// in: the report supersedes the key's bucket of an earlier outage only.
     pub fn remember(
         &self,
         escaped_key: &str,
         set: &RuleSet,
         rules: impl Iterator<Item = (u64, Duration)>,
+        sent_in: u64,
     ) {
         let seeds = set.rules().iter().zip(rules).map(|(rule, (r, reset))| {
             let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
             (r, rule.capacity(), reset_us)
         });
-        self.store_seed(
-            set,
-            escaped_key,
-            self.clock.unix_micros(),
-            self.outage.load(Ordering::Relaxed),
-            seeds,
-        );
+        self.store_seed(set, escaped_key, self.clock.unix_micros(), sent_in, seeds);
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
@@ -1201,7 +1287,7 @@ impl LocalTier {
     fn cached_denial_of(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
         let now = self.clock.unix_micros();
         let probe = Probe::new(set, escaped_key);
-        let (until_us, retry_until_us, d_cost, decision) = {
+        let (until_us, retry_until_us, d_cost, mut decision) = {
             let d = self.denials.get(&probe)?;
             if !same_limits(&d.set, set) {
                 return None;
@@ -1217,9 +1303,14 @@ impl LocalTier {
             return None;
         }
         metrics::counter!("tierlimit_deny_cache_hits_total").increment(1);
-        let mut decision = decision;
+        // Both times count down from when Redis denied.
+        let retry_us = retry_until_us - now;
+        let since = decision
+            .retry_after
+            .map_or(Duration::ZERO, |r| r.saturating_sub(us(retry_us)));
         decision.tier = Tier::DenyCache;
-        decision.retry_after = Some(us(retry_until_us - now));
+        decision.retry_after = Some(us(retry_us));
+        decision.reset_after = decision.reset_after.saturating_sub(since);
         Some(decision)
     }
 
@@ -1233,8 +1324,9 @@ impl LocalTier {
         self.move_all_owed();
         let now = self.now();
         self.sync_clocks(now);
-        let outage = self.outage.load(Ordering::Relaxed);
-        let settling = now.unix_us < self.settle_until_us.load(Ordering::Relaxed);
+        // Kept: buckets of this outage and of the ones still settling.
+        let outage = self.outage();
+        let kept_from = self.settling_from(now.unix_us).unwrap_or(outage);
         self.buckets.retain(|key, b| {
             let owes = b
                 .rules
@@ -1246,7 +1338,7 @@ impl LocalTier {
             if b.is_idle(now) {
                 return false;
             }
-            if b.outage == outage || (settling && b.outage + 1 == outage) {
+            if b.outage >= kept_from {
                 return true;
             }
             // A bucket whose seed finds no room in the warm map stays until

@@ -240,7 +240,12 @@ fn a_warm_seed_under_the_old_limit_keeps_the_units_used() {
         let raised = set([rule(algorithm, 200, minute)]);
         let lowered = set([rule(algorithm, 50, minute)]);
         for key in ["up", "down"] {
-            local.remember(key, &old, [(20, Duration::from_secs(60))].into_iter());
+            local.remember(
+                key,
+                &old,
+                [(20, Duration::from_secs(60))].into_iter(),
+                local.outage(),
+            );
         }
         assert_eq!(admitted(&local, "up", &raised, 300), 120, "{algorithm:?}");
         assert_eq!(admitted(&local, "down", &lowered, 300), 0, "{algorithm:?}");
@@ -294,7 +299,7 @@ fn a_settling_bucket_judges_the_kept_usage_by_the_new_limits() {
     let minute = |limit| set([Rule::per_minute(limit).expect("valid")]);
     assert_eq!(admitted(&local, "up", &minute(100), 100), 100);
     assert_eq!(admitted(&local, "down", &minute(100), 80), 80);
-    local.end_outage(Duration::from_secs(10));
+    local.end_outage(local.outage(), Duration::from_secs(10));
     assert!(
         local.settling("up", &minute(100), 1).is_some(),
         "100 of 100"

@@ -97,11 +97,11 @@ fn a_cached_denial_answers_until_its_retry_after() {
     );
     assert!(local.cached_denial("other", &set, 2).is_none());
     clock.advance(Duration::from_millis(60));
+    let later = local.cached_denial("k", &set, 3).expect("cached");
     assert_eq!(
-        local
-            .cached_denial("k", &set, 3)
-            .and_then(|d| d.retry_after),
-        Some(Duration::from_millis(40))
+        (later.retry_after, later.reset_after),
+        (Some(Duration::from_millis(40)), Duration::from_millis(940)),
+        "both count down from Redis' denial"
     );
     clock.advance(Duration::from_millis(40));
     assert!(local.cached_denial("k", &set, 2).is_none());
@@ -112,7 +112,12 @@ fn a_cached_denial_answers_until_its_retry_after() {
 fn warm_start_gives_each_instance_its_share_of_what_remained() {
     let (local, _) = tier(LocalConfig::default());
     let set = RuleSet::new("s", [Rule::per_hour(100).expect("valid")]).expect("valid");
-    local.remember("k", &set, [(10, Duration::from_secs(3600))].into_iter());
+    local.remember(
+        "k",
+        &set,
+        [(10, Duration::from_secs(3600))].into_iter(),
+        local.outage(),
+    );
     let admitted = (0..100)
         .filter(|_| allowed(local.check("k", &set, 1, 3, true)))
         .count();
@@ -157,14 +162,19 @@ fn each_outage_starts_from_the_warm_seed_not_an_older_bucket() {
     let set = RuleSet::new("h", [Rule::per_hour(60).expect("valid")]).expect("valid");
     // Outage 1: three instances, a share of 20; this one admits 5 of them.
     assert_eq!(admitted(&local, "k", &set, 3, 5), 5);
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     // Healthy: Redis takes the rest of the hour's quota down to 3.
     clock.advance(Duration::from_secs(1));
-    local.remember("k", &set, [(3, Duration::from_secs(3600))].into_iter());
+    local.remember(
+        "k",
+        &set,
+        [(3, Duration::from_secs(3600))].into_iter(),
+        local.outage(),
+    );
     // Outage 2: ceil(3 / 3) = 1 from the seed, not the 15 left from outage 1.
     assert_eq!(admitted(&local, "k", &set, 3, 30), 1);
     // Pruning drops what an ended outage left.
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     local.prune();
     assert!(local.is_empty());
 }
@@ -187,6 +197,7 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
         "k",
         &hourly,
         [(290, Duration::from_secs(3_600))].into_iter(),
+        local.outage(),
     );
     // What each set admits of 200 tries, with `instances` instances.
     let admits = |instances| {
@@ -198,22 +209,23 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
     // Outage 1, four instances: ceil(290 / 4) = 73 of the hourly share, and
     // 16 of the window's (with the hour's 75 behind it).
     assert_eq!(admits(4), (73, 16));
-    local.end_outage(Duration::from_secs(5));
-    // Outage 2, half a second later, in the same window: nothing is left.
+    local.end_outage(local.outage(), Duration::from_millis(100));
+    // Outage 2, half a second later (settled), in the same window: nothing
+    // is left.
     clock.advance(Duration::from_millis(500));
     assert_eq!(admits(4), (0, 0));
     // An instance count learned between the outages (one instance fewer):
     // what this instance used is kept, judged by its new share, 100 of the
     // hour with 75 used and 21 of the window with 16 used.
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     assert_eq!(admits(3), (25, 5));
     // Ended, settled and pruned with no report on the key in between: the
     // buckets go, and what they used stays as the keys' seeds.
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     local.prune();
     assert!(local.is_empty());
     assert_eq!(admits(3), (0, 0));
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     // Once Redis has reported on a key after the outage, its report seeds the
     // next one, here more room than the bucket had: ceil(100 / 4) = 25. The
     // other set's key was not reported on: still nothing left.
@@ -221,6 +233,7 @@ fn a_second_outage_before_redis_reports_on_the_key_carries_on_its_bucket() {
         "k",
         &hourly,
         [(100, Duration::from_secs(3_600))].into_iter(),
+        local.outage(),
     );
     assert_eq!(admits(4), (25, 0));
 }
@@ -239,7 +252,7 @@ fn a_bucket_whose_seed_finds_no_room_is_kept_not_forgotten() {
     // Outage 1: both keys spend their whole share.
     assert_eq!(admitted(&local, "a", &hourly, 1, 200), 100);
     assert_eq!(admitted(&local, "b", &hourly, 1, 200), 100);
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     clock.advance(Duration::from_millis(1));
     local.prune();
     // One seed fits; the other key's bucket is kept.
@@ -253,7 +266,7 @@ fn a_bucket_whose_seed_finds_no_room_is_kept_not_forgotten() {
         (0, 0)
     );
     // Once the hour has passed, the kept bucket is idle and goes.
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     clock.advance(Duration::from_secs(3_601));
     local.prune();
     assert!(local.is_empty());
@@ -277,7 +290,12 @@ fn a_sliding_window_seed_keeps_weighing_the_window_before() {
     // 50 s into the minute Redis says nothing is left of one set's key, and
     // an outage spends the other set's whole share.
     clock.advance(Duration::from_secs(50));
-    local.remember("k", &reported, [(0, Duration::from_secs(70))].into_iter());
+    local.remember(
+        "k",
+        &reported,
+        [(0, Duration::from_secs(70))].into_iter(),
+        local.outage(),
+    );
     assert_eq!(admitted(&local, "k", &pruned, 1, 200), 100);
     // 1 s into the next minute the outage goes on: 100 * 59/60 of the
     // minute before still weigh, room for 1 more.
@@ -285,7 +303,7 @@ fn a_sliding_window_seed_keeps_weighing_the_window_before() {
     assert_eq!(admitted(&local, "k", &pruned, 1, 200), 1);
     // The bucket is pruned with no report on its key: its estimate (1 +
     // ceil(98.3)) is its seed.
-    local.end_outage(Duration::ZERO);
+    local.end_outage(local.outage(), Duration::ZERO);
     local.prune();
     assert!(local.is_empty());
     // Outage 2, 2 s into the minute: the report weighs 100 * 58/60, room
@@ -333,7 +351,7 @@ fn settling_reads_no_clock_once_settled() {
     assert_eq!(reads(), before);
     // An outage spends the key's share; while it settles the bucket answers.
     assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
-    local.end_outage(Duration::from_secs(5));
+    local.end_outage(local.outage(), Duration::from_secs(5));
     assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
     // Settled: one read finds it so, the checks after it read nothing.
     clock.inner.advance(Duration::from_secs(5));
@@ -346,7 +364,7 @@ fn settling_reads_no_clock_once_settled() {
     // The next outage (the hour's share still spent) ends: it bounds the
     // key again.
     assert_eq!(admitted(&local, "k", &set, 1, 20), 0);
-    local.end_outage(Duration::from_secs(5));
+    local.end_outage(local.outage(), Duration::from_secs(5));
     assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
 }
 
@@ -442,4 +460,131 @@ fn cached_denials_expire_spread_and_never_late() {
         most_in_one_ms <= 60,
         "{most_in_one_ms} keys returned to Redis in one millisecond"
     );
+}
+
+/// An outage is the checks decided locally until Redis answers a call sent
+/// in it, however short: one failed call while the breaker stays Closed is
+/// one. A report from a call sent after its end supersedes its bucket; one
+/// from a call sent before (in flight while the bucket admitted) does not,
+/// and the next outage goes on from the bucket.
+#[test]
+fn a_report_supersedes_the_buckets_of_outages_ended_before_its_call() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new("h", [Rule::per_hour(60).expect("valid")]).expect("valid");
+    let hour = Duration::from_secs(3_600);
+    // Nothing decided locally: there is nothing to end.
+    let first = local.outage();
+    local.end_outage(first, Duration::ZERO);
+    assert_eq!(local.outage(), first);
+    // Two calls fail, one for each key: each admits from a fresh bucket.
+    let in_flight = local.outage();
+    assert_eq!(admitted(&local, "a", &set, 1, 1), 1);
+    assert_eq!(admitted(&local, "b", &set, 1, 1), 1);
+    // A call sent before the failures answers: the outage is over.
+    local.end_outage(in_flight, Duration::ZERO);
+    assert_eq!(local.outage(), first + 1);
+    // Both keys' reports say 3 are left; "a"'s call was sent after the end,
+    // "b"'s was the one in flight, whose answer cannot count the bucket's unit.
+    clock.advance(Duration::from_secs(1));
+    local.remember("a", &set, [(3, hour)].into_iter(), local.outage());
+    local.remember("b", &set, [(3, hour)].into_iter(), in_flight);
+    // The next outage: "a" starts from its report, "b" from its bucket.
+    assert_eq!(
+        (
+            admitted(&local, "a", &set, 1, 100),
+            admitted(&local, "b", &set, 1, 100)
+        ),
+        (3, 59)
+    );
+}
+
+/// Two outages end within one settle: the first's buckets still bound their
+/// keys until the settle ends, though the second ended after them. Only the
+/// last outage's buckets did before: a key not checked in the second outage
+/// could take Redis' whole quota while the fleet's write-backs of the first
+/// were still coming in.
+#[test]
+fn back_to_back_outages_settle_the_buckets_of_both() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
+    let settle = Duration::from_secs(5);
+    // Outage 1 spends "a"'s share, outage 2 "b"'s.
+    assert_eq!(admitted(&local, "a", &set, 1, 20), 10);
+    local.end_outage(local.outage(), settle);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admitted(&local, "b", &set, 1, 20), 10);
+    local.end_outage(local.outage(), settle);
+    for key in ["a", "b"] {
+        assert!(
+            local.settling(key, &set, 1).is_some_and(|d| !d.allowed),
+            "{key} is not bounded while settling"
+        );
+    }
+    // Pruning keeps both while they settle, and lets both go after.
+    local.prune();
+    assert_eq!(local.len(), 2);
+    clock.advance(settle);
+    assert!(local.settling("a", &set, 1).is_none());
+    local.prune();
+    assert!(local.is_empty());
+}
+
+/// A wall clock that can step back, as NTP steps it.
+#[derive(Debug)]
+struct SteppingClock {
+    inner: FakeClock,
+    back_us: AtomicU64,
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+
+    fn unix_micros(&self) -> u64 {
+        self.inner.unix_micros() - self.back_us.load(Ordering::Relaxed)
+    }
+}
+
+/// A window's counts stay when the wall clock steps back across its start:
+/// they were reset to none, so the key got the window before's limit again,
+/// and once the clock was back in the window, that limit a third time. (And
+/// a window admitted in after a step back counted as the earlier window.)
+#[test]
+fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
+    // 0.2 s into a minute.
+    let clock = Arc::new(SteppingClock {
+        inner: FakeClock::new(1_699_999_980_200_000),
+        back_us: AtomicU64::new(0),
+    });
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let rule = Rule::per_minute(100)
+            .and_then(|r| r.with_algorithm(algorithm))
+            .expect("valid");
+        let set = RuleSet::new(format!("{algorithm:?}"), [rule]).expect("valid");
+        clock.back_us.store(0, Ordering::Relaxed);
+        assert_eq!(admitted(&local, "k", &set, 1, 60), 60, "{algorithm:?}");
+        // Back 0.5 s, into the minute before, where the 40 left are all
+        // there is; then forward again.
+        clock.back_us.store(500_000, Ordering::Relaxed);
+        assert_eq!(admitted(&local, "k", &set, 1, 200), 40, "{algorithm:?}");
+        clock.back_us.store(0, Ordering::Relaxed);
+        assert_eq!(admitted(&local, "k", &set, 1, 200), 0, "{algorithm:?}");
+    }
+}
+
+/// What a bucket owes saturates, as the ledger's count does: wrapped, it
+/// read as nothing owed, and the units were never written back.
+#[test]
+fn owed_units_saturate_instead_of_wrapping() {
+    let (local, _) = tier(LocalConfig::default());
+    // The largest limit, at one unit per µs (the finest rate).
+    let rule = Rule::with_period(1 << 51, Duration::from_micros(1 << 51)).expect("valid");
+    let set = RuleSet::new("big", [rule]).expect("valid");
+    // 2^13 admissions of 2^51 units: 2^64, which wraps to exactly 0.
+    for _ in 0..1 << 13 {
+        local.record("k", &set, 1 << 51);
+    }
+    assert!(local.ledger().units() > 0, "the owed units were lost");
 }

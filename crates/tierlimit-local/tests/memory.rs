@@ -61,6 +61,7 @@ fn memory_is_bounded_by_bytes() {
             &key,
             &set,
             [(5, std::time::Duration::from_secs(60))].into_iter(),
+            local.outage(),
         );
     }
     let grown = resident_bytes().saturating_sub(before);

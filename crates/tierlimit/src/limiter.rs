@@ -764,6 +764,7 @@ impl HybridLimiter {
         let inner = &*self.inner;
         let escaped = key.escaped();
         let started = Instant::now();
+        let sent_in = inner.local.outage();
         // What this key used locally reaches Redis before its quota does.
         let claims = inner.local.claim_pending(escaped, rule_set);
         // A batch of checks is one Redis call: only one of its checks
@@ -790,11 +791,19 @@ impl HybridLimiter {
                 if counts_call {
                     inner.breaker.record_success(latency);
                 }
+                // Checks decided locally in the outage this call was sent in
+                // (calls that failed while the breaker stayed Closed) are an
+                // outage that ends with this answer; an Open breaker's outage
+                // ends with its probe.
+                if inner.breaker.allows_request() {
+                    inner.local.end_outage(sent_in, Duration::ZERO);
+                }
                 let decision = verdict.decision;
                 inner.local.remember(
                     escaped,
                     rule_set,
                     verdict.rules.iter().map(|r| (r.remaining, r.reset_after)),
+                    sent_in,
                 );
                 if !decision.allowed {
                     inner.local.cache_denial(escaped, rule_set, cost, &decision);

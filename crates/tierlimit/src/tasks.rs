@@ -71,6 +71,7 @@ async fn prober(inner: Weak<Inner>) {
                 if this.breaker.try_start_probe() {
                     let key = format!("probe:{}", this.instance_id);
                     this.redis.drop_connection();
+                    let sent_in = this.local.outage();
                     match this.redis.check(&key, &set, 1).await {
                         Ok(_) => {
                             this.labels.probe(true);
@@ -81,7 +82,7 @@ async fn prober(inner: Weak<Inner>) {
                             // be on their way back.
                             let settle =
                                 this.breaker.config().max_cool_down + this.redis.deadline();
-                            this.local.end_outage(settle);
+                            this.local.end_outage(sent_in, settle);
                             this.drain_wake.notify_one();
                             // The instance count may have changed during the outage.
                             beat(&this).await;

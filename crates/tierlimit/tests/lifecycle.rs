@@ -406,6 +406,59 @@ async fn hammer(limiter: &HybridLimiter, set: &RuleSet, tries: usize) -> (u64, V
     (admitted, tiers)
 }
 
+/// A call that fails while the breaker stays Closed is decided locally, by a
+/// bucket of its own: Redis' next report on the key (which counts what the
+/// bucket admitted, written back with the key's next check) supersedes it.
+/// Before, no probe ended such a one-call outage, so the bucket stayed
+/// current, and the next real outage went on from its leftover instead of
+/// from Redis' last word: about twice the limit over the hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_failed_call_leaves_no_bucket_for_the_next_outage() {
+    let _serial = tierlimit_test::serial().await;
+    const LIMIT: u64 = 60;
+    const INSTANCES: u64 = 3;
+    let (_server, proxy, limiters) = fleet_behind_a_proxy(INSTANCES).await;
+    let set = hourly(LIMIT);
+    let mut fleet = 0;
+
+    // One refused call per instance: admitted by a local bucket of the share
+    // (20), the breaker still Closed.
+    proxy.set(tierlimit_test::Fault::Refuse);
+    for l in &limiters {
+        let (admitted, tiers) = hammer(l, &set, 1).await;
+        assert_eq!((admitted, tiers), (1, vec![Tier::Local]));
+        assert_eq!(l.breaker_state(), BreakerState::Closed);
+        fleet += admitted;
+    }
+    proxy.set(tierlimit_test::Fault::None);
+    // Healthy: each instance's next check carries its write-back, and Redis
+    // admits until 3 are left (no denial, which would be cached).
+    for _ in 0..18 {
+        for l in &limiters {
+            let (admitted, tiers) = hammer(l, &set, 1).await;
+            assert_eq!((admitted, tiers), (1, vec![Tier::Redis]));
+            fleet += admitted;
+        }
+    }
+    for l in &limiters {
+        assert_eq!(l.reconcile_stats().pending_units, 0, "a write-back waits");
+    }
+    assert_eq!(fleet, LIMIT - 3);
+
+    // A real outage: every instance starts from Redis' last word (3 left).
+    cut_off(&proxy, &limiters).await;
+    for l in &limiters {
+        let (admitted, _) = hammer(l, &set, 30).await;
+        fleet += admitted;
+    }
+    proxy.set(tierlimit_test::Fault::None);
+    assert!(
+        fleet <= LIMIT + INSTANCES,
+        "the fleet admitted {fleet} over the hour, bound {}",
+        LIMIT + INSTANCES
+    );
+}
+
 /// Regression (issue 9, item 1): a local bucket outlived its outage. Three
 /// instances, an hourly rule: a first outage in which each instance uses part
 /// of its share, healthy traffic through Redis, a second outage. The second
