@@ -119,8 +119,9 @@ if code == 1 or code == 2 then
     end
   end
   local new_rel = debt_after(rel)
-  if last + period <= now or new_rel <= 0 then
-    -- Nothing of them is left: a full period has passed, or they refilled.
+  if last + capacity / rate <= now or new_rel <= 0 then
+    -- Nothing of them is left: a full bucket would have refilled since the
+    -- last (a period, unless the burst is not the limit), or they refilled.
     status, applied = 2, 0
   elseif code == 1 then
     gcra_store(key, now, new_rel, limit)

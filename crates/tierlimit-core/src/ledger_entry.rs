@@ -65,7 +65,9 @@ impl LedgerEntry {
     ///
     /// Fixed window: the end of the window they fell in. Sliding window counter:
     /// one period after that window ends (it still weighs as the previous window).
-    /// GCRA, token bucket and sliding log: one period after the last unit.
+    /// GCRA and token bucket: once a full bucket would have refilled after the
+    /// last unit (capacity × period ÷ limit: with a burst above the limit, more
+    /// than a period). Sliding log: one period after the last unit.
     pub fn expires_at_us(&self) -> u64 {
         let period = self.rule.period_micros();
         match self.rule.algorithm() {
@@ -76,6 +78,12 @@ impl LedgerEntry {
             Algorithm::SlidingWindow => {
                 let start = window_start(self.last_us, period, 0);
                 start.saturating_add(2 * period)
+            }
+            Algorithm::Gcra | Algorithm::TokenBucket => {
+                let refill = (u128::from(self.rule.capacity()) * u128::from(period))
+                    .div_ceil(u128::from(self.rule.limit().max(1)));
+                self.last_us
+                    .saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
             }
             _ => self.last_us.saturating_add(period),
         }
@@ -112,6 +120,29 @@ pub fn window_start(now_us: u64, period_us: u64, utc_offset_s: i32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bucket whose burst is above its limit takes longer than a period
+    /// to refill, and units admitted into it matter for as long; one below
+    /// refills sooner.
+    #[test]
+    fn bucket_units_matter_until_a_full_bucket_refills() {
+        let hour = 3_600_000_000u64;
+        let last = 1_700_000_000_000_000u64;
+        for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+            for (burst, lasts) in [(10, hour), (20, 2 * hour), (5, hour / 2)] {
+                let rule = Rule::per_hour(10)
+                    .and_then(|r| r.with_algorithm(algorithm))
+                    .and_then(|r| r.with_burst(burst))
+                    .expect("valid");
+                let entry = LedgerEntry::new("k".into(), rule, 3, last, last);
+                assert_eq!(
+                    entry.expires_at_us(),
+                    last + lasts,
+                    "{algorithm:?}, burst {burst}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn natural_day_windows_follow_the_offset() {

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{Clock, FakeClock, LedgerEntry};
+use tierlimit_core::{Algorithm, Clock, FakeClock, LedgerEntry};
 use tierlimit_redis::{RedisTier, WriteBack, Written};
 use tierlimit_test::RedisServer;
 
@@ -130,4 +130,31 @@ async fn write_back(tier: &RedisTier, id: &str, entries: &[LedgerEntry]) -> Repo
         }
     }
     report
+}
+
+/// A bucket whose burst is above its limit refills over more than a period,
+/// and units admitted into it are owed for as long: 20 units of a 10-per-hour
+/// rule with a burst of 20, admitted 61 minutes ago, still hold 20 - 10 × 61/60
+/// of the bucket. They were dropped as stale after one period, and the key got
+/// its whole burst again.
+#[tokio::test]
+async fn a_burst_above_the_limit_keeps_units_owed_past_a_period() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 10, Duration::from_secs(3600))
+            .with_burst(20)
+            .expect("valid");
+        let set = set(&format!("burst{}", algorithm.code()), [r.clone()]);
+        let at = clock.unix_micros() - 61 * 60_000_000;
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r, 20, at, at);
+        assert!(entry.expires_at_us() > clock.unix_micros(), "{label}");
+        let report = write_back(&tier, &format!("b{}", algorithm.code()), &[entry]).await;
+        assert_eq!((report.applied_units, report.expired), (20, 0), "{label}");
+        // 9.83 of 20 still owed: one more check leaves 9.
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(v.decision.remaining, 9, "{label}");
+    }
 }
