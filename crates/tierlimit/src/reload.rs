@@ -20,14 +20,17 @@ use crate::limiter::{HybridLimiter, Inner};
 use crate::named::ReloadReport;
 
 /// The file's rule sets, each with the file's default policy when it names
-/// none, so a reload that changes the default changes those sets too.
+/// none (the library's, [`Policy::LocalFallback`](crate::Policy::LocalFallback), when the file names no
+/// default either), so a reload that changes or removes the default changes
+/// those sets too.
 fn resolved_sets(config: &Config) -> Vec<RuleSet> {
+    let default = config.default_policy().unwrap_or_default();
     config
         .rule_sets()
         .iter()
-        .map(|set| match (set.policy(), config.default_policy()) {
-            (None, Some(policy)) => set.clone().with_policy(policy),
-            _ => set.clone(),
+        .map(|set| match set.policy() {
+            None => set.clone().with_policy(default),
+            Some(_) => set.clone(),
         })
         .collect()
 }

@@ -262,6 +262,15 @@ async fn the_default_policy_reloads_into_sets_without_their_own() {
         Some(Policy::LocalFallback),
         "its own policy stays"
     );
+
+    // A default removed from the file is the library's again, not the one
+    // the limiter was built with.
+    let text = text.replace("default_policy = \"fail-open\"", "");
+    let report = limiter
+        .reload(&Config::from_toml_str(&text).expect("valid"))
+        .expect("reload");
+    assert_eq!(report.changed, ["login"]);
+    assert_eq!(policy("login"), Some(Policy::LocalFallback));
 }
 
 #[tokio::test]
