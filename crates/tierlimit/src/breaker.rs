@@ -222,6 +222,7 @@ impl Breaker {
     ///
     /// Outside Closed it only ends a run of timeouts: calls that were already in
     /// flight when the breaker opened do not count.
+    #[must_use = "a trip to Open must wake the prober"]
     pub(crate) fn record_success(&self, latency: Duration) -> Option<Transition> {
         reset(&self.consecutive_timeouts);
         if !self.allows_request() {

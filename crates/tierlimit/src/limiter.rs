@@ -788,8 +788,9 @@ impl HybridLimiter {
         inner.labels.redis_call(latency.as_secs_f64());
         match result {
             Ok(verdict) => {
-                if counts_call {
-                    inner.breaker.record_success(latency);
+                if counts_call && inner.breaker.record_success(latency).is_some() {
+                    // Slow answers tripped it: the prober waits for this.
+                    inner.wake.notify_one();
                 }
                 // Checks decided locally in the outage this call was sent in
                 // (calls that failed while the breaker stayed Closed) are an

@@ -284,7 +284,9 @@ async fn drain(inner: &Arc<Inner>) {
         let latency = begun.elapsed();
         match result {
             Ok(n) => {
-                inner.breaker.record_success(latency);
+                if inner.breaker.record_success(latency).is_some() {
+                    inner.wake.notify_one();
+                }
                 units += n;
                 batches += 1;
             }

@@ -357,6 +357,63 @@ async fn a_second_outage_before_redis_hears_of_the_key_goes_on_from_the_first() 
     );
 }
 
+/// A breaker tripped by slow answers wakes its prober as one tripped by
+/// failures does: the probe comes after the cool-down. Only a failure woke
+/// it, so after a trip by slow answers the prober slept on to its
+/// half-second safety timeout, and `FailClosed` sets were denied, and told
+/// to retry in 1 ms, for that long. Tripped right after a close, when the
+/// prober has just begun that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trip_by_slow_answers_is_probed_after_its_cool_down() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let mut breaker = support::breaker();
+    breaker.cool_down = Duration::from_millis(50);
+    breaker.minimum_calls = 2;
+    breaker.slow_call_threshold = Duration::from_millis(10);
+    let limiter = Arc::new(
+        support::builder(&proxy.url())
+            .breaker(breaker)
+            .build()
+            .expect("valid config"),
+    );
+    let set = hourly(1_000);
+    // An outage of failures, probed and closed.
+    proxy.set(tierlimit_test::Fault::Refuse);
+    support::trip(&limiter, &set).await;
+    proxy.set(tierlimit_test::Fault::None);
+    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
+    // Answers of about 20 ms, slow but within the deadline, trip it again.
+    proxy.set(tierlimit_test::Fault::Latency(Duration::from_millis(10)));
+    let origin = Instant::now();
+    let log = support::StateLog::start(limiter.clone(), origin);
+    let mut answers = 0;
+    while limiter.breaker_state() == BreakerState::Closed {
+        assert!(origin.elapsed() < Duration::from_secs(2), "no trip");
+        let d = limiter.check("k", &set, 1).await.expect("valid");
+        answers += usize::from(d.tier == Tier::Redis);
+    }
+    assert!(answers >= 1, "tripped by failures, not slow answers");
+    let tripped = log.first(BreakerState::Open, Duration::ZERO);
+    let tripped = tripped.unwrap_or_else(|| origin.elapsed());
+    assert!(
+        wait_for(Duration::from_secs(2), || log
+            .first(BreakerState::HalfOpen, tripped)
+            .is_some())
+        .await,
+        "no probe"
+    );
+    let probed = log
+        .first(BreakerState::HalfOpen, tripped)
+        .unwrap_or_default()
+        - tripped;
+    assert!(
+        probed < Duration::from_millis(200),
+        "the first probe came {probed:?} after the trip, the cool-down is 50 ms"
+    );
+}
+
 /// `n` limiters of a fixed instance count `n`, reaching a fresh Redis
 /// through one fault proxy.
 async fn fleet_behind_a_proxy(n: u64) -> (RedisServer, FaultProxy, Vec<HybridLimiter>) {
