@@ -308,7 +308,7 @@ impl RedisTier {
                 }
                 sent.push(parts);
             }
-            let replies = match self.send_writebacks(cmds).await {
+            let replies = match self.send_writebacks(cmds).await.result {
                 Ok(replies) => replies,
                 Err(e) => {
                     tracing::debug!(error = %e, "spilling a striped write-back failed");

@@ -593,7 +593,7 @@ impl RedisTier {
             }
         }
         if !cmds.is_empty() {
-            let (replies, failures) = self.pipelined(&self.inner.conn, cmds).await;
+            let (replies, failures, _) = self.pipelined(&self.inner.conn, cmds).await;
             if replies.iter().all(Option::is_none)
                 && let Some(Some(failure)) = failures.first()
             {
@@ -702,12 +702,43 @@ impl RedisTier {
     /// once; `Err` then means every one of them failed as a whole, and a
     /// write-back whose pipeline alone failed has that pipeline's error.
     pub async fn reconcile(&self, writes: &[WriteBack<'_>]) -> Result<Vec<Result<Written>>> {
-        let (cmds, parts) = self.writeback_cmds(writes)?;
+        self.reconcile_counted(writes).await.result
+    }
+
+    /// As [`reconcile`](Self::reconcile), and whether a circuit breaker
+    /// should hear of the call ([`Checked::counts_call`]): not when a
+    /// pipeline failed on one Cluster master while another answers (that
+    /// master's fault, as for a check: a reconciler that counted it would
+    /// open the breaker for every key while the master's keys' write-backs
+    /// wait for its replica), and not for bad input.
+    pub async fn reconcile_counted(
+        &self,
+        writes: &[WriteBack<'_>],
+    ) -> Checked<Vec<Result<Written>>> {
+        let (cmds, parts) = match self.writeback_cmds(writes) {
+            Ok(built) => built,
+            Err(e) => {
+                return Checked {
+                    result: Err(e),
+                    counts_call: false,
+                };
+            }
+        };
         if cmds.is_empty() {
-            return Ok(Vec::new());
+            return Checked {
+                result: Ok(Vec::new()),
+                counts_call: false,
+            };
         }
-        let replies = self.send_writebacks(cmds).await?;
-        Ok(self.outcomes(writes, parts, replies).await)
+        let sent = self.send_writebacks(cmds).await;
+        let result = match sent.result {
+            Ok(replies) => Ok(self.outcomes(writes, parts, replies).await),
+            Err(e) => Err(e),
+        };
+        Checked {
+            result,
+            counts_call: sent.counts_call,
+        }
     }
 
     /// Sends `cmds`, reconcile script calls each with its keys' slot, on the
@@ -717,33 +748,42 @@ impl RedisTier {
     pub(crate) async fn send_writebacks(
         &self,
         cmds: Vec<(Cmd, u16)>,
-    ) -> Result<Vec<Result<Value>>> {
-        let (replies, failures) = self.pipelined(&self.inner.bulk, cmds).await;
+    ) -> Checked<Vec<Result<Value>>> {
+        let (replies, failures, counts_call) = self.pipelined(&self.inner.bulk, cmds).await;
         if failures.iter().all(Option::is_some)
             && let Some(Some(failure)) = failures.first()
         {
-            return Err(failure.to_error());
+            return Checked {
+                result: Err(failure.to_error()),
+                counts_call,
+            };
         }
-        Ok(replies
+        let result = Ok(replies
             .into_iter()
             .zip(failures)
             .map(|(reply, failure)| match (reply, failure) {
                 (Some(reply), _) => Ok(reply),
                 (None, failure) => Err(failure.map_or_else(timeout, Failure::into_error)),
             })
-            .collect())
+            .collect());
+        Checked {
+            result,
+            counts_call,
+        }
     }
 
     /// Sends `cmds` (script calls, each with its keys' slot) pipelined on the
     /// connection in `conn`, under the deadline, reloading what the server
     /// lost (see [`pipeline_routines`](Self::pipeline_routines)): one pipeline on one server; on a Cluster one
     /// per slot, all sent at once. Answers each command's reply (`None` when
-    /// none came) and the failure of its pipeline, if it failed.
+    /// none came), the failure of its pipeline, if it failed, and whether a
+    /// circuit breaker should hear of the call: unless a pipeline failed on
+    /// one Cluster master alone (see [`SlotCall::speaks`]).
     async fn pipelined(
         &self,
         conn: &ArcSwapOption<Conn>,
         cmds: Vec<(Cmd, u16)>,
-    ) -> (Vec<Option<Value>>, Vec<Option<Failure>>) {
+    ) -> (Vec<Option<Value>>, Vec<Option<Failure>>, bool) {
         let count = cmds.len();
         if !self.inner.backend.is_cluster() {
             let mut pipe = Pipeline::with_capacity(count);
@@ -756,7 +796,7 @@ impl RedisTier {
                     self.pipeline_routines(c, &pipe, &mut replies, None)
                 })
                 .await;
-            return (replies, vec![outcome.err(); count]);
+            return (replies, vec![outcome.err(); count], true);
         }
         let groups = group_by_slot(&cmds, |(_, slot)| *slot);
         let mut group_of = vec![0; count];
@@ -782,19 +822,20 @@ impl RedisTier {
                         self.pipeline_routines(c, pipe, &mut replies, Some(*slot))
                     })
                     .await;
-                (replies, call.outcome.err())
+                (replies, call.outcome.err(), call.speaks)
             })
             .collect();
         let mut answers = join_all(calls).await;
+        let speaks = answers.iter().all(|(_, _, speaks)| *speaks);
         let mut replies = vec![None; count];
         let mut failures = vec![None; count];
-        for ((_, members), (group_replies, failure)) in groups.iter().zip(&mut answers) {
+        for ((_, members), (group_replies, failure, _)) in groups.iter().zip(&mut answers) {
             for (&i, reply) in members.iter().zip(group_replies.iter_mut()) {
                 replies[i] = reply.take();
                 failures[i] = failure.clone();
             }
         }
-        (replies, failures)
+        (replies, failures, speaks)
     }
 
     /// [`check`](Self::check), with this key's pending write-backs sent first

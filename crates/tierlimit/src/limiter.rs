@@ -860,7 +860,7 @@ impl HybridLimiter {
             if claims.is_empty() {
                 break;
             }
-            match reconcile::send_batch(inner, &claims).await {
+            match reconcile::send_batch(inner, &claims).await.0 {
                 Ok(units) => report.written_back_units += units,
                 // Redis is down or failing: try again until the timeout.
                 Err(_) => {

@@ -245,14 +245,19 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 
 /// Sends one batch of write-backs and settles it; `Err` when the call failed
 /// as a whole or an entry failed in a way that may pass. Returns the units
-/// acknowledged.
-pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Result<u64> {
-    let outcomes = inner.redis.reconcile(&writes(claims)).await?;
-    let settled = settle(inner, claims, outcomes);
-    match settled.transient {
-        Some(e) => Err(e),
-        None => Ok(settled.units),
-    }
+/// acknowledged, and whether the breaker should hear of the call (not of
+/// one Cluster master's fault: see
+/// [`RedisTier::reconcile_counted`](tierlimit_redis::RedisTier::reconcile_counted)).
+pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> (Result<u64>, bool) {
+    let sent = inner.redis.reconcile_counted(&writes(claims)).await;
+    let result = sent.result.and_then(|outcomes| {
+        let settled = settle(inner, claims, outcomes);
+        match settled.transient {
+            Some(e) => Err(e),
+            None => Ok(settled.units),
+        }
+    });
+    (result, sent.counts_call)
 }
 
 /// One drain: batches until the ledger is empty or the breaker leaves Closed.
@@ -280,11 +285,11 @@ async fn drain(inner: &Arc<Inner>) {
         }
         let begun = Instant::now();
         // Under the Redis tier's deadline, like every call.
-        let result = send_batch(inner, &claims).await;
+        let (result, counts_call) = send_batch(inner, &claims).await;
         let latency = begun.elapsed();
         match result {
             Ok(n) => {
-                if inner.breaker.record_success(latency).is_some() {
+                if counts_call && inner.breaker.record_success(latency).is_some() {
                     inner.wake.notify_one();
                 }
                 units += n;
@@ -292,8 +297,10 @@ async fn drain(inner: &Arc<Inner>) {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
-                let outcome = inner.breaker.record_failure(latency, e.is_timeout());
-                inner.after_failure(outcome);
+                if counts_call {
+                    let outcome = inner.breaker.record_failure(latency, e.is_timeout());
+                    inner.after_failure(outcome);
+                }
                 return;
             }
         }

@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::{breaker, healthy};
-use tierlimit::{BreakerState, HybridLimiter, Instances, Policy, Rule, RuleSet, Tier};
+use tierlimit::{
+    BreakerState, HybridLimiter, Instances, Policy, ReconcileConfig, Rule, RuleSet, Tier,
+};
 use tierlimit_test::{RedisCluster, StallWatch, Timings};
 use tokio::task::JoinSet;
 
@@ -113,6 +115,72 @@ async fn written_back(limiter: &HybridLimiter, local_admitted: u64) {
         limiter.reconcile_stats().reconciled_units,
         local_admitted,
         "every unit admitted locally was written back"
+    );
+}
+
+/// A killed master's keys are decided locally until its replica serves, and
+/// meanwhile the reconciler's write-backs of them fail on it: one master's
+/// fault, as its keys' checks are. The reconciler counted every failed batch
+/// against the breaker, so with no check of the other masters in between (a
+/// quiet service) two in a row opened it for every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_masters_write_backs_leave_the_breaker_closed() {
+    let _serial = tierlimit_test::serial().await;
+    let mut cluster = RedisCluster::start();
+    cluster.serve_partial_coverage().await;
+    let set = daily();
+    let by_master = cluster.keys_on_every_master("wb", 1, |key| set.storage_key(key, 0));
+    let (&victim, victim_keys) = by_master.iter().next().expect("a master");
+    let victim_key = victim_keys[0].clone();
+    let mut sensitive = breaker();
+    sensitive.consecutive_failures = 2;
+    // A reconciler that looks at its ledger at once, so it meets the dead
+    // master before the replica serves.
+    let mut reconcile = ReconcileConfig::default();
+    reconcile.idle_poll = Duration::from_millis(20);
+    let limiter = healthy(
+        HybridLimiter::builder()
+            .redis_url(cluster.cluster_url())
+            .deadline(DEADLINE)
+            .breaker(sensitive)
+            .reconcile(reconcile)
+            .instances(Instances::Fixed(1)),
+    )
+    .await;
+    for key in by_master.values().flatten() {
+        let d = limiter.check(key, &set, 1).await.expect("valid input");
+        assert_eq!(d.tier, Tier::Redis, "{key} before the fault: {d:?}");
+    }
+    cluster.node_mut(victim).kill9();
+    let origin = Instant::now();
+    let log = support::StateLog::start(Arc::clone(&limiter), origin);
+    // The victim's key is admitted locally: owed to Redis.
+    loop {
+        assert!(origin.elapsed() < Duration::from_secs(5), "never local");
+        let d = limiter
+            .check(&victim_key, &set, 1)
+            .await
+            .expect("valid input");
+        if d.tier == Tier::Local && d.allowed {
+            break;
+        }
+    }
+    // Only the reconciler calls Redis now, until the replica serves and the
+    // unit is written back (bounded).
+    let drained = support::wait_for(Duration::from_secs(15), || {
+        limiter.local().ledger().units() == 0
+    })
+    .await;
+    let stats = limiter.reconcile_stats();
+    assert!(
+        !log.left_closed(Duration::ZERO),
+        "the breaker opened: {:?}, {stats:?}",
+        log.events.lock().expect("log lock")
+    );
+    assert!(drained, "never written back: {stats:?}");
+    assert!(
+        stats.batches_retried > 0,
+        "no write-back met the dead master: {stats:?}"
     );
 }
 
