@@ -151,26 +151,27 @@ elseif code == 3 then
       lo = mid + 1
     end
   end
-  -- The oldest units still inside the window, up to the room the log has.
-  local stop = min(units, lo + room - 1)
+  -- The newest units still inside the window, up to the room the log has:
+  -- the ones that bound the key longest.
+  local start = max(lo, units - room + 1)
   applied = 0
-  if stop >= lo then
-    applied = stop - lo + 1
+  if start <= units then
+    applied = units - start + 1
     local args = {}
-    for j = lo, stop do
+    for j = start, units do
       args[#args + 1] = format('%d', at(j))
       args[#args + 1] = 'rc:' .. batch .. ':' .. format('%d', j)
-      if #args >= 2 * SLIDING_LOG_BATCH or j == stop then
+      if #args >= 2 * SLIDING_LOG_BATCH or j == units then
         redis.call('ZADD', key, unpack(args))
         args = {}
       end
     end
-  end
-  if applied == 0 then
+    pexpire_us(key, max(redis.call('PTTL', key) * 1000, at(units) + period - now))
+  elseif lo > units then
+    -- Every unit has left the window.
     status = 2
-  else
-    pexpire_us(key, max(redis.call('PTTL', key) * 1000, at(stop) + period - now))
   end
+  -- Else the log is full: none taken (a striped write-back spills them).
 elseif code == 4 or code == 5 then
   local sliding = code == 4
   if sliding then

@@ -158,3 +158,46 @@ async fn a_burst_above_the_limit_keeps_units_owed_past_a_period() {
         assert_eq!(v.decision.remaining, 9, "{label}");
     }
 }
+
+/// A sliding log with less room than a write-back has units takes the
+/// newest of them: those bound the key longest. It took the oldest, which
+/// leave the log first, and the key was free again that much sooner than
+/// the units admitted said.
+#[tokio::test]
+async fn a_sliding_log_short_of_room_keeps_the_newest_units() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    let r = rule(Algorithm::SlidingLog, 10, Duration::from_secs(3600));
+    let set = set("newest", [r.clone()]);
+    for _ in 0..8 {
+        assert!(
+            tier.check("k", &set, 1)
+                .await
+                .expect("check")
+                .decision
+                .allowed
+        );
+    }
+    // 5 units over the last 40 minutes into the 2 places left.
+    let minute = 60_000_000;
+    let (first, last) = (NOW_US - 50 * minute, NOW_US - 10 * minute);
+    let entry = LedgerEntry::new(storage_key(&set, "k", 0), r, 5, first, last);
+    let report = write_back(&tier, "short", &[entry]).await;
+    assert_eq!(report.applied_units, 2);
+    let mut conn = server.conn().await;
+    let scores: Vec<(String, u64)> = redis::cmd("ZRANGE")
+        .arg(storage_key(&set, "k", 0))
+        .arg(0)
+        .arg(1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .expect("ZRANGE");
+    // The two oldest members are the write-back's: its 4th and 5th units.
+    assert_eq!(
+        scores.iter().map(|(_, at)| *at).collect::<Vec<_>>(),
+        [NOW_US - 20 * minute, last],
+        "{scores:?}"
+    );
+}

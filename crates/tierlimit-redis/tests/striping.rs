@@ -299,51 +299,77 @@ async fn check_after_writes_back_then_checks_a_stripe() {
 
 /// A stripe already full at its share cannot take its even part of a
 /// write-back: what it refuses spills over the stripes that took all of
-/// theirs, so the key as a whole is charged every unit.
+/// theirs, so the key as a whole is charged every unit. For every counting
+/// algorithm: a full sliding log answered that the units had expired, so
+/// they were neither counted there nor spilled.
 #[tokio::test]
 async fn what_a_full_stripe_refuses_spills_to_the_others() {
     let server = RedisServer::start();
     let tiers = tiers(&server).await;
-    let whole = rule(Algorithm::FixedWindow, 8, HOUR);
-    let set = striped("hotspill", whole.clone());
-    // Stripe 0 (the unstriped key, limit 2) full, stripe 1 one short.
-    let stripe0 = set.stripe(0).expect("stripe 0");
-    for _ in 0..2 {
-        let v = tiers[0].check(HOT, stripe0, 1).await.expect("check");
-        assert!(v.decision.allowed);
-    }
-    let at = NOW_US - 1_000;
-    // One unit on stripe 1 alone (an unstriped write-back to its key, under its rule).
-    let stripe1 = set.stripe(1).expect("stripe 1");
-    let one = LedgerEntry::new(
-        stripe_storage_key(&set, 1),
-        stripe1.rules()[0].clone(),
-        1,
-        at,
-        at,
-    );
-    let out = tiers[0]
-        .reconcile(&[WriteBack::new("wb-1", &one)])
-        .await
-        .expect("call");
-    assert_eq!(out[0].as_ref().expect("written"), &Written::Applied(1));
-    // 4 units, 1 per stripe: stripe 0 refuses its 1, stripe 1 takes its 1
-    // and is full; the spilled unit first goes to stripe 1 (full: refused
-    // again), then to another stripe. Regression: a spill whose taker
-    // refused was dropped while stripes sent nothing that round had room.
-    let entry =
-        LedgerEntry::new(stripe_storage_key(&set, 0), whole, 4, at, at).with_stripes(STRIPES);
-    let out = tiers[0]
-        .reconcile(&[WriteBack::new("wb-s", &entry)])
-        .await
-        .expect("call");
-    assert_eq!(out[0].as_ref().expect("written"), &Written::Applied(4));
     let mut conn = server.conn().await;
-    let mut counts = Vec::new();
-    for stripe in 0..STRIPES {
-        counts.push(window_count(&mut conn, &stripe_storage_key(&set, stripe)).await);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let label = format!("{algorithm:?}");
+        let whole = rule(algorithm, 8, HOUR);
+        let set = striped(&format!("hotspill{}", algorithm.code()), whole.clone());
+        // Stripe 0 (the unstriped key, limit 2) full, stripe 1 one short.
+        let stripe0 = set.stripe(0).expect("stripe 0");
+        for _ in 0..2 {
+            let v = tiers[0].check(HOT, stripe0, 1).await.expect("check");
+            assert!(v.decision.allowed, "{label}");
+        }
+        let at = NOW_US - 1_000;
+        // One unit on stripe 1 alone (an unstriped write-back to its key, under its rule).
+        let stripe1 = set.stripe(1).expect("stripe 1");
+        let one = LedgerEntry::new(
+            stripe_storage_key(&set, 1),
+            stripe1.rules()[0].clone(),
+            1,
+            at,
+            at,
+        );
+        let out = tiers[0]
+            .reconcile(&[WriteBack::new("wb-1", &one)])
+            .await
+            .expect("call");
+        assert_eq!(
+            out[0].as_ref().expect("written"),
+            &Written::Applied(1),
+            "{label}"
+        );
+        // 4 units, 1 per stripe: stripe 0 refuses its 1, stripe 1 takes its 1
+        // and is full; the spilled unit first goes to stripe 1 (full: refused
+        // again), then to another stripe. Regression: a spill whose taker
+        // refused was dropped while stripes sent nothing that round had room.
+        let entry =
+            LedgerEntry::new(stripe_storage_key(&set, 0), whole, 4, at, at).with_stripes(STRIPES);
+        let out = tiers[0]
+            .reconcile(&[WriteBack::new("wb-s", &entry)])
+            .await
+            .expect("call");
+        assert_eq!(
+            out[0].as_ref().expect("written"),
+            &Written::Applied(4),
+            "{label}"
+        );
+        let mut counts = Vec::new();
+        for stripe in 0..STRIPES {
+            let key = stripe_storage_key(&set, stripe);
+            counts.push(match algorithm {
+                Algorithm::SlidingLog => log_count(&mut conn, &key).await,
+                _ => window_count(&mut conn, &key).await,
+            });
+        }
+        assert_eq!(counts.iter().sum::<u64>(), 2 + 1 + 4, "{label}: {counts:?}");
+        assert_eq!(counts[..2], [2, 2], "{label}: {counts:?}");
+        assert!(counts.iter().all(|&c| c <= 2), "{label}: {counts:?}");
     }
-    assert_eq!(counts.iter().sum::<u64>(), 2 + 1 + 4, "{counts:?}");
-    assert_eq!(counts[..2], [2, 2], "{counts:?}");
-    assert!(counts.iter().all(|&c| c <= 2), "{counts:?}");
+}
+
+/// Units a sliding log holds.
+async fn log_count(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
 }
