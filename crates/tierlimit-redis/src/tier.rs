@@ -352,15 +352,18 @@ impl RedisTier {
                 if let Some(full) = full {
                     self.spawn_batch(full, batcher.into_owned());
                 } else if let Some(generation) = first {
+                    // Flushed at `flush_at`, or sooner when this check is
+                    // dropped before: the checks queued behind it wait for it.
+                    let mut starter = QueueStarter {
+                        tier: self,
+                        batcher: &batcher,
+                        generation: Some(generation),
+                    };
                     let flush_at = arrived + self.inner.deadline / QUEUE_WAIT_SHARE;
-                    match tokio::time::timeout_at(flush_at, &mut rx).await {
-                        Ok(answer) => return answered(answer.ok()),
-                        Err(_) => {
-                            if let Some(queue) = batcher.flush(generation) {
-                                self.spawn_batch(queue, batcher.into_owned());
-                            }
-                        }
+                    if let Ok(answer) = tokio::time::timeout_at(flush_at, &mut rx).await {
+                        return answered(answer.ok());
                     }
+                    starter.flush();
                 }
                 answered(
                     tokio::time::timeout_at(deadline, rx)
@@ -1593,6 +1596,32 @@ struct SlotCall<T> {
     /// failure but one master's alone on a Cluster (see
     /// [`RedisTier::failure_speaks`]).
     speaks: bool,
+}
+
+/// The first check of a queue, which sends it if no call has taken it by
+/// the time it waited its share of the deadline, or by the time it is
+/// dropped (its caller gave up), whichever is first.
+struct QueueStarter<'a> {
+    tier: &'a RedisTier,
+    batcher: &'a Arc<Batcher>,
+    generation: Option<u64>,
+}
+
+impl QueueStarter<'_> {
+    /// Sends the queue beside the calls in flight, unless a call took it.
+    fn flush(&mut self) {
+        if let Some(generation) = self.generation.take()
+            && let Some(queue) = self.batcher.flush(generation)
+        {
+            self.tier.spawn_batch(queue, Arc::clone(self.batcher));
+        }
+    }
+}
+
+impl Drop for QueueStarter<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 /// A call of `checks` checks in flight: when it ends, however it ends (its

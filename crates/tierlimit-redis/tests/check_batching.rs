@@ -415,6 +415,63 @@ async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
     );
 }
 
+/// A queue's first check waits a tenth of its deadline, then sends the
+/// queue; dropped before that (its caller gave up: a client gone, an outer
+/// timeout), it still sends it. Nobody did, and the checks queued behind it
+/// waited for a call in flight to end: on a distant server, most of their
+/// deadline, then as long again for their own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_whose_first_check_is_dropped_is_still_sent() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let deadline = Duration::from_millis(200);
+    let tier = tier_batching(&proxy.url(), 32, TimeSource::Server, deadline);
+    warm(&tier).await;
+    // A round trip takes two delays: 120 ms, 60 % of the deadline.
+    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(60))));
+    let set = set("dropped", [Rule::per_hour(1000).expect("valid")]);
+    // On a runtime of one thread, so the checks arrive in the order spawned:
+    // two lone calls, the queue's first check (given up after 1 ms), one
+    // check behind it.
+    let behind = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            let check = |key: &'static str| {
+                let (tier, set) = (tier.clone(), set.clone());
+                async move {
+                    let key = CheckKey::new(key).expect("a valid key");
+                    tier.check_key(&key, &set, 1).await
+                }
+            };
+            let lone = [tokio::spawn(check("k0")), tokio::spawn(check("k1"))];
+            let first = check("k2");
+            let given_up = tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(1), first)
+                    .await
+                    .is_err()
+            });
+            let behind = tokio::spawn(check("k3"));
+            assert!(given_up.await.expect("a task"), "answered within 1 ms");
+            for call in lone {
+                call.await.expect("a task").result.expect("a lone call");
+            }
+            behind.await.expect("a task")
+        })
+    })
+    .await
+    .expect("the checks' thread");
+    tokio::task::block_in_place(|| proxy.set(Fault::None));
+    assert!(
+        behind.result.is_ok(),
+        "the check behind it: {:?} (deadline {deadline:?})",
+        behind.result
+    );
+}
+
 /// Under load, script calls per check fall far below one.
 #[tokio::test(flavor = "current_thread")]
 async fn script_calls_per_check_fall_under_load() {
