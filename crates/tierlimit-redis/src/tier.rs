@@ -113,7 +113,8 @@ struct Inner {
     replacing: AtomicBool,
     replaced: AtomicU64,
     /// The reconcile script was loaded on the server since the connections
-    /// were last dropped (every probe drops them); see [`RedisTier::check_after`].
+    /// were last dropped (every probe drops them) and no script call met
+    /// `NOSCRIPT` (the server lost its scripts); see [`RedisTier::check_after`].
     reconcile_loaded: AtomicBool,
     /// Functions or scripts (`MODE_*`): chosen by the first call on a
     /// connection, chosen again after the connections are dropped or replaced.
@@ -922,7 +923,8 @@ impl RedisTier {
         // loads it) but maybe not the reconcile script: the pipeline would get
         // NOSCRIPT for the write-backs only, run the check, and re-send them
         // after it. So the reconcile script is loaded first, once per
-        // connection, under the same deadline as the pipeline. (The library
+        // connection and again after any call met NOSCRIPT, under the same
+        // deadline as the pipeline. (The library
         // holds both: with Functions, both are there or neither.)
         let loaded = &self.inner.reconcile_loaded;
         let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
@@ -1690,6 +1692,9 @@ impl RedisTier {
         };
         if mode == ScriptMode::Scripts {
             return if is_noscript(reply) {
+                // The server lost its scripts (a flush, a restart): the
+                // reconcile script too, which `check_after` loads first.
+                self.inner.reconcile_loaded.store(false, Ordering::Release);
                 Need::Script(routine)
             } else {
                 Need::Nothing

@@ -13,12 +13,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tierlimit_core::{Algorithm, Error, RedisFailure, Rule, RuleSet};
-use tierlimit_redis::{CheckRequest, RedisTier, ScriptMode, TimeSource, Verdict};
+use tierlimit_core::{Algorithm, Error, LedgerEntry, RedisFailure, Rule, RuleSet};
+use tierlimit_redis::{
+    CheckRequest, RedisTier, ScriptMode, TimeSource, Verdict, WriteBack, Written,
+};
 use tierlimit_test::RedisServer;
 use tokio::task::JoinSet;
 
-use support::{rule, set, tier, tier_with};
+use support::{rule, set, storage_key, tier, tier_with};
 
 struct Outcome {
     started: Instant,
@@ -264,4 +266,44 @@ async fn every_function_call_reads_the_server_time_again() {
         );
         last = v.server_time_us;
     }
+}
+
+/// After `SCRIPT FLUSH` (or a restart) a tier running scripts reloads the
+/// check script at the next check's `NOSCRIPT`, and the reconcile script
+/// before a check next carries write-backs. It kept its note that the
+/// reconcile script was loaded, so that pipeline's write-backs met
+/// `NOSCRIPT`, the check ran without them, and the key got its quota before
+/// what it used locally was counted.
+#[tokio::test]
+async fn a_check_after_a_script_flush_counts_its_write_backs_first() {
+    let server = RedisServer::start();
+    let tier = tier(&support::scripts_only_url(&server).await);
+    let r = Rule::per_hour(10).expect("valid");
+    let set = set("after", [r.clone()]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let write =
+        |key: &str, units| LedgerEntry::new(storage_key(&set, key, 0), r.clone(), units, now, now);
+    // A first check finds the tier runs scripts; one with a write-back then
+    // loads the reconcile script.
+    tier.check("first", &set, 1).await.expect("a healthy check");
+    let warm = write("warm", 1);
+    tier.check_after("warm", &set, 1, &[WriteBack::new("w-0", &warm)])
+        .await
+        .expect("a healthy check");
+    assert_eq!(tier.script_mode(), Some(ScriptMode::Scripts));
+    server.lua_flush().await;
+    // Another key's check meets NOSCRIPT and reloads the check script.
+    tier.check("other", &set, 1).await.expect("a healthy check");
+    let owed = write("k", 5);
+    let (verdict, written) = tier
+        .check_after("k", &set, 1, &[WriteBack::new("w-1", &owed)])
+        .await
+        .expect("a healthy check");
+    assert_eq!(written[0].as_ref().expect("written"), &Written::Applied(5));
+    assert_eq!(
+        verdict.decision.remaining, 4,
+        "10 - 5 written back - 1: the check ran before its write-backs"
+    );
 }
