@@ -61,17 +61,19 @@ end
 local function token_bucket_check(key, now, cost, limit, period, capacity)
   local used, ts = token_bucket_load(key, now, limit, period)
   local tokens = capacity - used
-  local reset_now = max(0, ceil(used * period / limit - TB_SLACK))
+  -- ts > now only when a client clock lags the last writer's: refill starts
+  -- at ts, so every time until a refill counts the lag.
+  local lag = ts - now
+  local reset_now = lag + max(0, ceil(used * period / limit - TB_SLACK))
   if tokens + TB_SLACK >= cost then
     -- Not clamped at capacity: a shortfall within the slack is paid back by
     -- the next refill.
     local after = used + cost
-    -- ts > now only when a client clock lags the last writer's: refill starts at ts.
-    local reset = (ts - now) + ceil(after * period / limit - TB_SLACK)
+    local reset = lag + ceil(after * period / limit - TB_SLACK)
     local remaining = max(0, floor(tokens - cost + TB_SLACK))
     return true, remaining, reset, 0, reset_now, after, ts, reset
   end
-  local retry = max(1, ceil((cost - tokens - TB_SLACK) * period / limit))
+  local retry = lag + max(1, ceil((cost - tokens - TB_SLACK) * period / limit))
   return false, max(0, floor(tokens + TB_SLACK)), reset_now, retry, reset_now
 end
 

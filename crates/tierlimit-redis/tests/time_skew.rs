@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{Clock, FakeClock, Rule, RuleSet, SystemClock};
+use tierlimit_core::{Algorithm, Clock, FakeClock, Rule, RuleSet, SystemClock};
 use tierlimit_redis::{RedisTier, TimeSource};
 use tierlimit_test::RedisServer;
 
@@ -74,4 +74,35 @@ async fn server_time_ignores_skewed_clocks() {
     // B, 30 s ahead, finds refilled the units A has only just spent.
     let admitted = skewed_run.iter().filter(|a| **a).count();
     assert!(admitted > 5, "{skewed_run:?}");
+}
+
+/// A token bucket last written by a clock ahead of this one refills from
+/// that clock's time: a denial's retry-after and reset-after count the lag,
+/// as an admission's reset-after does. They left it out, so a client of the
+/// lagging instance was told to retry into another denial.
+#[tokio::test]
+async fn a_token_bucket_behind_its_writer_counts_the_lag_in_its_denial() {
+    let server = RedisServer::start();
+    let deadline = Duration::from_secs(2);
+    let ahead = tier_with(&server.url(), deadline, TimeSource::Client(skewed(SKEW)));
+    let behind = tier_with(
+        &server.url(),
+        deadline,
+        TimeSource::Client(skewed(Duration::ZERO)),
+    );
+    let rule = Rule::per_minute(1)
+        .and_then(|r| r.with_algorithm(Algorithm::TokenBucket))
+        .expect("valid");
+    let set = set("lag", [rule]);
+    let first = ahead.check("k", &set, 1).await.expect("a check").decision;
+    assert!(first.allowed);
+    let d = behind.check("k", &set, 1).await.expect("a check").decision;
+    assert!(!d.allowed);
+    // A minute's refill, from 30 s ahead of this clock (less the run's few
+    // milliseconds).
+    let at_least = Duration::from_secs(89);
+    assert!(
+        d.retry_after.is_some_and(|r| r >= at_least) && d.reset_after >= at_least,
+        "{d:?}"
+    );
 }
