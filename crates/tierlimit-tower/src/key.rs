@@ -193,13 +193,20 @@ pub struct PeerAddr(pub SocketAddr);
 ///
 /// [`ClientIp::peer`] takes the connection's peer address (a [`PeerAddr`]
 /// extension, or with the `axum` feature axum's `ConnectInfo<SocketAddr>`).
-/// Forwarding headers (`Forwarded`, else `X-Forwarded-For`) are read only
-/// with [`ClientIp::behind_proxies`], and only when the peer is one of the
-/// trusted proxies: the address list is walked from the right (the hop the
-/// nearest proxy added), past every trusted proxy, and the first address not
-/// trusted is the client. Anyone else's forwarding header is ignored, so a
-/// client cannot pick its own key by sending one. A request without a peer
-/// address has no key.
+/// A forwarding header is read only with [`ClientIp::behind_proxies`], and
+/// only when the peer is one of the trusted proxies: the address list is
+/// walked from the right (the hop the nearest proxy added), past every
+/// trusted proxy, and the first address not trusted is the client. Anyone
+/// else's forwarding header is ignored, so a client cannot pick its own key
+/// by sending one.
+///
+/// Only the header the trusted proxies write is read: `X-Forwarded-For` by
+/// default, `Forwarded` (RFC 7239) with
+/// [`reading(ForwardingHeader::Forwarded)`](ClientIp::reading). A proxy
+/// passes the other one on as the client sent it, so a limiter that read
+/// whichever was present would take a client's own `Forwarded: for=<any
+/// address>` for its key, and a fresh one per request would never be
+/// limited. A request without a peer address has no key.
 ///
 /// # Examples
 ///
@@ -220,6 +227,20 @@ pub struct PeerAddr(pub SocketAddr);
 #[derive(Debug, Clone, Default)]
 pub struct ClientIp {
     trusted: Vec<IpAddr>,
+    header: ForwardingHeader,
+}
+
+/// The forwarding header a [`ClientIp`] behind proxies reads: the one its
+/// trusted proxies write, and only that one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardingHeader {
+    /// `X-Forwarded-For`, appended to by nginx (`$proxy_add_x_forwarded_for`),
+    /// HAProxy (`option forwardfor`) and most load balancers.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239): its `for=` parameters.
+    Forwarded,
 }
 
 impl ClientIp {
@@ -230,10 +251,18 @@ impl ClientIp {
 
     /// The connection's peer address, or when it is one of `trusted` the
     /// client named by the forwarding headers.
+    /// `X-Forwarded-For` is read unless [`reading`](Self::reading) says
+    /// otherwise.
     pub fn behind_proxies(trusted: impl IntoIterator<Item = IpAddr>) -> ClientIp {
         ClientIp {
             trusted: trusted.into_iter().map(canonical).collect(),
+            header: ForwardingHeader::default(),
         }
+    }
+
+    /// Reads `header`, the one the trusted proxies write, and no other.
+    pub fn reading(self, header: ForwardingHeader) -> ClientIp {
+        ClientIp { header, ..self }
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -241,28 +270,18 @@ impl ClientIp {
     }
 
     fn forwarded_client(&self, parts: &Parts) -> Option<IpAddr> {
-        let forwarded: Vec<&str> = parts
+        let (name, hop): (&str, fn(&str) -> Option<IpAddr>) = match self.header {
+            ForwardingHeader::XForwardedFor => ("x-forwarded-for", |hop| parse_ip(hop.trim())),
+            ForwardingHeader::Forwarded => ("forwarded", forwarded_for),
+        };
+        let hops: Vec<Option<IpAddr>> = parts
             .headers
-            .get_all(http::header::FORWARDED)
+            .get_all(name)
             .iter()
             .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(hop)
             .collect();
-        let hops: Vec<Option<IpAddr>> = if !forwarded.is_empty() {
-            forwarded
-                .iter()
-                .flat_map(|v| v.split(','))
-                .map(forwarded_for)
-                .collect()
-        } else {
-            parts
-                .headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .map(|hop| parse_ip(hop.trim()))
-                .collect()
-        };
         let mut client = None;
         for hop in hops.into_iter().rev() {
             // An address a trusted proxy could not vouch for ends the walk:
@@ -482,7 +501,14 @@ mod tests {
             )],
             Some("10.0.0.2:1"),
         );
-        assert_eq!(key.extract(&fwd), Ok(Some("ip:2001:db8::1".into())));
+        let by_forwarded = key.clone().reading(ForwardingHeader::Forwarded);
+        assert_eq!(
+            by_forwarded.extract(&fwd),
+            Ok(Some("ip:2001:db8::1".into()))
+        );
+        // The header the proxies do not write is the client's: not read.
+        assert_eq!(key.extract(&fwd), Ok(Some("ip:10.0.0.2".into())));
+        assert_eq!(by_forwarded.extract(&via), Ok(Some("ip:10.0.0.2".into())));
         let garbage = parts(&[("x-forwarded-for", "nonsense")], Some("10.0.0.2:1"));
         assert_eq!(key.extract(&garbage), Ok(Some("ip:10.0.0.2".into())));
         let mapped = parts(&[], Some("[::ffff:192.0.2.9]:1"));

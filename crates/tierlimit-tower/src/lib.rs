@@ -39,8 +39,9 @@
 //!    the set the limiter holds under it at that moment, so a config reload
 //!    reaches it; one given a [`RuleSet`](tierlimit::RuleSet) keeps it.
 //! 2. **Key** ([`KeyExtractor`]): API key header, user id header, client IP
-//!    ([`ClientIp`]: the peer address; forwarding headers only from trusted
-//!    proxies), a [`GlobalKey`], or the first of several ([`FirstOf`]). No
+//!    ([`ClientIp`]: the peer address; from trusted proxies only, the one
+//!    forwarding header they write, [`ForwardingHeader`]),
+//!    a [`GlobalKey`], or the first of several ([`FirstOf`]). No
 //!    key: 400 or a fallback key ([`MissingKey`]).
 //! 3. **Check**: `HybridLimiter::check(key, set, cost)`.
 //! 4. **Answer**:
@@ -77,7 +78,8 @@ mod service;
 
 pub use headers::HeaderMode;
 pub use key::{
-    ClientIp, FirstOf, GlobalKey, HeaderKey, InvalidKey, KeyExtractor, KeyResult, PeerAddr,
+    ClientIp, FirstOf, ForwardingHeader, GlobalKey, HeaderKey, InvalidKey, KeyExtractor, KeyResult,
+    PeerAddr,
 };
 pub use layer::{MissingKey, RateLimitLayer, RateLimitLayerBuilder};
 pub use route::Match;

@@ -11,7 +11,8 @@ use support::{DEADLINE, base64, get, limiter, pk_of, send, serve};
 use tierlimit::{HybridLimiter, Instances, Rule, RuleSet};
 use tierlimit_test::RedisServer;
 use tierlimit_tower::{
-    ClientIp, HeaderKey, HeaderMode, KeyExtractor, Match, MissingKey, RateLimitLayer,
+    ClientIp, ForwardingHeader, HeaderKey, HeaderMode, KeyExtractor, Match, MissingKey,
+    RateLimitLayer,
 };
 
 fn two_per_second() -> RuleSet {
@@ -305,12 +306,21 @@ async fn a_forwarded_header_counts_only_from_a_trusted_proxy() {
     let addr = serve(build(ClientIp::behind_proxies([loopback]))).await;
     let xff = get(addr, "/", &[("x-forwarded-for", "1.1.1.1, 203.0.113.5")]).await;
     assert_eq!(pk_of(&xff), base64(b"ip:203.0.113.5"));
+    // Behind proxies that write X-Forwarded-For, a client's own Forwarded
+    // is not read: it named any address it liked, a fresh key per request.
     let fwd = get(addr, "/", &spoofed).await;
-    assert_eq!(
-        pk_of(&fwd),
-        base64(b"ip:198.51.100.1"),
-        "Forwarded wins over X-Forwarded-For"
-    );
+    assert_eq!(pk_of(&fwd), base64(b"ip:203.0.113.5"));
+    let alone = get(addr, "/", &[("forwarded", "for=198.51.100.1")]).await;
+    assert_eq!(pk_of(&alone), base64(b"ip:127.0.0.1"));
+    // Behind proxies that write Forwarded, only that one is read.
+    let addr = serve(build(
+        ClientIp::behind_proxies([loopback]).reading(ForwardingHeader::Forwarded),
+    ))
+    .await;
+    let fwd = get(addr, "/", &spoofed).await;
+    assert_eq!(pk_of(&fwd), base64(b"ip:198.51.100.1"));
+    let alone = get(addr, "/", &[("x-forwarded-for", "203.0.113.5")]).await;
+    assert_eq!(pk_of(&alone), base64(b"ip:127.0.0.1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
