@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route(Match::any("/api/*"), api, 1)
         .build()?;
     let global = RateLimitLayer::builder(limiter.clone())
-        .key(GlobalKey::new("everyone"))
+        .key(GlobalKey::new("everyone")?)
         .route(Match::any("/search"), search, 1)
         .build()?;
 

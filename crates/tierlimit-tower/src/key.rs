@@ -368,7 +368,10 @@ fn forwarded_for(element: &str) -> Option<IpAddr> {
 /// use tierlimit_tower::{GlobalKey, KeyExtractor};
 ///
 /// let (parts, ()) = http::Request::new(()).into_parts();
-/// assert_eq!(GlobalKey::new("global").extract(&parts), Ok(Some("global".to_string())));
+/// let key = GlobalKey::new("global")?;
+/// assert_eq!(key.extract(&parts), Ok(Some("global".to_string())));
+/// assert!(GlobalKey::new("").is_err());
+/// # Ok::<(), tierlimit::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct GlobalKey {
@@ -376,9 +379,12 @@ pub struct GlobalKey {
 }
 
 impl GlobalKey {
-    /// Every request counts against `key`.
-    pub fn new(key: impl Into<String>) -> GlobalKey {
-        GlobalKey { key: key.into() }
+    /// Every request counts against `key`; the key's error (empty, too
+    /// long, a control character) here, not a 400 on every request.
+    pub fn new(key: impl Into<String>) -> tierlimit::Result<GlobalKey> {
+        let key = key.into();
+        tierlimit_core::validate_key(&key)?;
+        Ok(GlobalKey { key })
     }
 }
 

@@ -52,7 +52,10 @@ impl Match {
         }
     }
 
-    /// Requests of `method` whose path matches `pattern`.
+    /// Requests of `method` whose path matches `pattern`; `GET` matches
+    /// `HEAD` too, since servers answer a `HEAD` by running the `GET`
+    /// handler (axum's `get` routes do): an expensive `GET` must not be free
+    /// as a `HEAD`.
     pub fn method(method: Method, pattern: &str) -> Match {
         Match {
             method: Some(method),
@@ -62,7 +65,11 @@ impl Match {
 
     /// True when a request of `method` for `path` is matched.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        if self.method.as_ref().is_some_and(|m| m != method) {
+        if self
+            .method
+            .as_ref()
+            .is_some_and(|m| m != method && !(*m == Method::GET && *method == Method::HEAD))
+        {
             return false;
         }
         match &self.pattern {
@@ -187,6 +194,14 @@ impl Routes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_get_route_holds_its_head_requests() {
+        let get = Match::method(Method::GET, "/export");
+        assert!(get.matches(&Method::HEAD, "/export"));
+        assert!(!get.matches(&Method::POST, "/export"));
+        assert!(!Match::method(Method::HEAD, "/export").matches(&Method::GET, "/export"));
+    }
 
     #[test]
     fn patterns() {

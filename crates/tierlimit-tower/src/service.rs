@@ -368,7 +368,7 @@ mod tests {
                     .build()
                     .expect("a valid limiter config"),
             ),
-            key: Box::new(crate::GlobalKey::new("k")),
+            key: Box::new(crate::GlobalKey::new("k").expect("a valid key")),
             routes: Default::default(),
             missing_key: MissingKey::Reject,
             headers,

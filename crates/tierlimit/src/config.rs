@@ -1701,6 +1701,18 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
     if w.problems.len() > before {
         return None;
     }
+    // One offset, in one place: `utc_offset` would silently replace the
+    // rate's `@offset`.
+    if let (Some(v), Some(rate)) = (f.get("utc_offset"), f.get("rate"))
+        && matches!(rate.get_ref(), DeValue::String(r) if r.contains('@'))
+    {
+        w.report(
+            &f.path("utc_offset"),
+            Some(v.span()),
+            "the rate names a UTC offset already (\"@...\"): give it in one place",
+        );
+        return None;
+    }
     // A UTC offset makes a calendar window: the fixed window, unless the
     // file names another algorithm (then the rule's own error says why not).
     let algorithm = algorithm.or(offset.map(|_| Algorithm::FixedWindow));

@@ -970,6 +970,13 @@ fn other_rule_combinations_name_their_field() {
         "hours must be 00 to 23",
     );
     refused(
+        &with_url(
+            "[rule_sets.a]\nrules = [{ rate = \"1000/day@+08:00\", utc_offset = \"+01:00\" }]\n",
+        ),
+        "rule_sets.a.rules[0].utc_offset",
+        "names a UTC offset already",
+    );
+    refused(
         &with_url("[rule_sets.a]\nrules = [{ limit = 5, per = \"1d\", algorithm = \"leaky\" }]\n"),
         "rule_sets.a.rules[0].algorithm",
         "unknown algorithm \"leaky\"",
