@@ -186,7 +186,9 @@ impl RuleSet {
     ///
     /// With limit `L` (capacity `C`) over `K` stripes and checks of cost `c`:
     ///
-    /// * **Never above the limit.** Each stripe is exact for its share, and
+    /// * **Never above the limit** while the number of stripes stays the
+    ///   same (for the window in which it changes, see below). Each stripe
+    ///   is exact for its share, and
     ///   the shares add up to `L` (and `C`): a fixed window admits at most
     ///   `L` per window, a sliding log at most `L` in any trailing period,
     ///   GCRA and the token bucket at most `C + L·t/period` over any span
@@ -207,7 +209,12 @@ impl RuleSet {
     /// unstriped key itself and every stripe keeps the rules' ids, so
     /// striping a set, or changing its number of stripes, carries state over
     /// as a changed limit does (stripe 0 keeps what the key used; stripes
-    /// added start empty, stripes dropped expire by their TTL). The local
+    /// added start empty, stripes dropped expire by their TTL). So in the
+    /// window (or refill span) in which the number of stripes changes, a key
+    /// may get up to the added stripes' shares on top of what it used: a
+    /// fixed window of 100 that had used all 100, restriped from 1 to 4,
+    /// admits 75 more in that window. Change the number of stripes at a
+    /// quiet time or accept that once. The local
     /// tier ignores stripes: during an outage it limits the whole key by the
     /// whole rule (this instance's share of it), and the write-back spreads
     /// what it admitted over the stripes by the same shares, so no stripe is
