@@ -21,7 +21,7 @@ const UNKNOWN: u64 = 0;
 pub(crate) struct InstanceCount {
     /// The count in force; [`UNKNOWN`] until learned (when not fixed).
     current: AtomicU64,
-    /// Counts heard within the TTL, oldest first: (clock µs, count).
+    /// Counts heard within the TTL, oldest first: (monotonic clock µs, count).
     heard: Mutex<VecDeque<(u64, u64)>>,
     ttl_us: u64,
 }

@@ -115,7 +115,10 @@ async fn beat(inner: &Inner) {
         .await
     {
         Ok(count) => {
-            let used = inner.instances.heard(count, inner.clock.unix_micros());
+            // The monotonic clock: a wall clock stepped forward by more
+            // than the TTL would forget every count heard at once.
+            let now_us = u64::try_from(inner.clock.now().as_micros()).unwrap_or(u64::MAX);
+            let used = inner.instances.heard(count, now_us);
             inner.labels.gauge(metrics::INSTANCES, used as f64);
         }
         // A Redis fault is the breaker's business; anything else means the beat
