@@ -30,7 +30,8 @@
 --     at first_us and may have refilled already), and at most to now +
 --     capacity * T (an empty bucket, refilling at the normal rate), or where
 --     it already was when a lowered limit or burst left it further. Units whose
---     last one is a full period old are expired.
+--     last one is as old as a full bucket's refill (capacity * T: a period
+--     unless the burst differs from the limit) are expired.
 --   sliding log: the units become members spread over [first_us, last_us],
 --     those still inside the trailing period, up to `limit` members in all;
 --     the units already outside the window are skipped by bisection, so an

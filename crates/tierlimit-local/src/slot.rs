@@ -73,6 +73,19 @@ fn local_window_offset(rule: &Rule) -> i32 {
     }
 }
 
+/// `now`, or the start of window `stored` when the wall clock stepped back
+/// before it: a window's counts hold until its end, whatever the clock says
+/// meanwhile (judged at the window's start, a sliding window's estimate
+/// weighs the window before it whole).
+fn not_before(rule: &Rule, stored: u64, now: u64) -> u64 {
+    if local_window_index(rule, now) >= stored {
+        return now;
+    }
+    let offset_us = i128::from(local_window_offset(rule)) * 1_000_000;
+    let start = i128::from(stored) * i128::from(rule.period_micros()) - offset_us;
+    u64::try_from(start).map_or(now, |start| start.max(now))
+}
+
 fn local_window_index(rule: &Rule, now: u64) -> u64 {
     if rule.algorithm() == Algorithm::FixedWindow {
         window_index(rule, now)
@@ -168,9 +181,8 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             current,
             previous,
         } => {
-            // A wall clock stepped back stays in the stored window: its
-            // counts are not given up.
-            let index = local_window_index(rule, now).max(stored);
+            let now = not_before(rule, stored, now);
+            let index = local_window_index(rule, now);
             let (current, previous) = rolled(index, stored, current, previous);
             let start = window_start(now, period, local_window_offset(rule));
             let to_end = start + period - now;
@@ -260,6 +272,7 @@ pub(crate) fn in_window(rule: &Rule, slot: Slot, now: u64) -> u64 {
     else {
         return 0;
     };
+    let now = not_before(rule, index, now);
     let (current, previous) = rolled(local_window_index(rule, now), index, current, previous);
     if rule.algorithm() == Algorithm::FixedWindow {
         return current;

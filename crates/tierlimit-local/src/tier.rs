@@ -1040,6 +1040,12 @@ impl LocalTier {
         }) else {
             return false;
         };
+        if w.outage > outage {
+            // A report from a call sent before the one already stored (it
+            // answered late): older news, and it must not take back that
+            // one's standing over the buckets of the outages between.
+            return true;
+        }
         let mut longest = 0u64;
         for (slot, (remaining, capacity, lasts_us)) in w.remaining.iter_mut().zip(seeds) {
             *slot = (remaining, capacity);

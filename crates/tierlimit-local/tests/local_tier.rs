@@ -488,6 +488,10 @@ fn a_report_supersedes_the_buckets_of_outages_ended_before_its_call() {
     clock.advance(Duration::from_secs(1));
     local.remember("a", &set, [(3, hour)].into_iter(), local.outage());
     local.remember("b", &set, [(3, hour)].into_iter(), in_flight);
+    // A report of "a" from a call sent before the end, answering after the
+    // one above: older news, which neither revives "a"'s bucket nor stands
+    // for its use.
+    local.remember("a", &set, [(40, hour)].into_iter(), in_flight);
     // The next outage: "a" starts from its report, "b" from its bucket.
     assert_eq!(
         (
@@ -550,6 +554,9 @@ impl Clock for SteppingClock {
 /// they were reset to none, so the key got the window before's limit again,
 /// and once the clock was back in the window, that limit a third time. (And
 /// a window admitted in after a step back counted as the earlier window.)
+/// Judged as at the window's start, a sliding window still weighs the
+/// window before whole: judged at the stepped-back time, it weighed it as
+/// all but gone.
 #[test]
 fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
     // 0.2 s into a minute.
@@ -558,20 +565,34 @@ fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
         back_us: AtomicU64::new(0),
     });
     let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
-        let rule = Rule::per_minute(100)
+    let rule = |algorithm| {
+        Rule::per_minute(100)
             .and_then(|r| r.with_algorithm(algorithm))
-            .expect("valid");
-        let set = RuleSet::new(format!("{algorithm:?}"), [rule]).expect("valid");
-        clock.back_us.store(0, Ordering::Relaxed);
-        assert_eq!(admitted(&local, "k", &set, 1, 60), 60, "{algorithm:?}");
-        // Back 0.5 s, into the minute before, where the 40 left are all
-        // there is; then forward again.
-        clock.back_us.store(500_000, Ordering::Relaxed);
-        assert_eq!(admitted(&local, "k", &set, 1, 200), 40, "{algorithm:?}");
-        clock.back_us.store(0, Ordering::Relaxed);
-        assert_eq!(admitted(&local, "k", &set, 1, 200), 0, "{algorithm:?}");
+            .expect("valid")
+    };
+    let fixed = RuleSet::new("fixed", [rule(Algorithm::FixedWindow)]).expect("valid");
+    let sliding = RuleSet::new("sliding", [rule(Algorithm::SlidingWindow)]).expect("valid");
+    for set in [&fixed, &sliding] {
+        assert_eq!(admitted(&local, "k", set, 1, 60), 60, "{}", set.name());
     }
+    // Back 0.5 s, into the minute before, where the 40 left are all there
+    // is; then forward again.
+    clock.back_us.store(500_000, Ordering::Relaxed);
+    for set in [&fixed, &sliding] {
+        assert_eq!(admitted(&local, "k", set, 1, 200), 40, "{}", set.name());
+    }
+    clock.back_us.store(0, Ordering::Relaxed);
+    for set in [&fixed, &sliding] {
+        assert_eq!(admitted(&local, "k", set, 1, 200), 0, "{}", set.name());
+    }
+    // Another key uses 60 of a minute, then 0.2 s into the next the 40 the
+    // minute before leaves it; stepped back across the boundary, its 100
+    // still weigh whole.
+    assert_eq!(admitted(&local, "j", &sliding, 1, 60), 60);
+    clock.inner.advance(Duration::from_secs(60));
+    assert_eq!(admitted(&local, "j", &sliding, 1, 200), 40);
+    clock.back_us.store(500_000, Ordering::Relaxed);
+    assert_eq!(admitted(&local, "j", &sliding, 1, 200), 0);
 }
 
 /// What a bucket owes saturates, as the ledger's count does: wrapped, it

@@ -55,7 +55,8 @@ impl Match {
     /// Requests of `method` whose path matches `pattern`; `GET` matches
     /// `HEAD` too, since servers answer a `HEAD` by running the `GET`
     /// handler (axum's `get` routes do): an expensive `GET` must not be free
-    /// as a `HEAD`.
+    /// as a `HEAD`. (Routes match first to last: a `HEAD` route of its own
+    /// goes before the `GET` route of the same path.)
     pub fn method(method: Method, pattern: &str) -> Match {
         Match {
             method: Some(method),
