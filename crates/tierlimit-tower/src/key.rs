@@ -208,6 +208,12 @@ pub struct PeerAddr(pub SocketAddr);
 /// address>` for its key, and a fresh one per request would never be
 /// limited. A request without a peer address has no key.
 ///
+/// An IPv6 client is keyed by its /64 network by default (what one
+/// subscriber or host is usually given: keyed by its whole address, a
+/// client could take a fresh key per request from its own /64), another
+/// prefix with [`ipv6_prefix`](ClientIp::ipv6_prefix). The key names the
+/// network, `ip:2001:db8:1:2::/64`.
+///
 /// # Examples
 ///
 /// ```
@@ -224,10 +230,21 @@ pub struct PeerAddr(pub SocketAddr);
 /// let (parts, ()) = request.into_parts();
 /// assert_eq!(key.extract(&parts), Ok(Some("ip:198.51.100.9".to_string())));
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIp {
     trusted: Vec<IpAddr>,
     header: ForwardingHeader,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIp {
+    fn default() -> ClientIp {
+        ClientIp {
+            trusted: Vec::new(),
+            header: ForwardingHeader::default(),
+            ipv6_prefix: 64,
+        }
+    }
 }
 
 /// The forwarding header a [`ClientIp`] behind proxies reads: the one its
@@ -256,7 +273,16 @@ impl ClientIp {
     pub fn behind_proxies(trusted: impl IntoIterator<Item = IpAddr>) -> ClientIp {
         ClientIp {
             trusted: trusted.into_iter().map(canonical).collect(),
-            header: ForwardingHeader::default(),
+            ..ClientIp::default()
+        }
+    }
+
+    /// Keys an IPv6 client by the network of its first `bits` bits (64 by
+    /// default; 128 keys each address alone). More than 128 is taken as 128.
+    pub fn ipv6_prefix(self, bits: u8) -> ClientIp {
+        ClientIp {
+            ipv6_prefix: bits.min(128),
+            ..self
         }
     }
 
@@ -306,7 +332,15 @@ impl KeyExtractor for ClientIp {
         } else {
             peer
         };
-        Ok(Some(format!("ip:{}", canonical(ip))))
+        Ok(Some(match canonical(ip) {
+            IpAddr::V6(v6) if self.ipv6_prefix < 128 => {
+                let bits = u32::from(self.ipv6_prefix);
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                let network = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+                format!("ip:{network}/{bits}")
+            }
+            ip => format!("ip:{ip}"),
+        }))
     }
 }
 
@@ -510,7 +544,7 @@ mod tests {
         let by_forwarded = key.clone().reading(ForwardingHeader::Forwarded);
         assert_eq!(
             by_forwarded.extract(&fwd),
-            Ok(Some("ip:2001:db8::1".into()))
+            Ok(Some("ip:2001:db8::/64".into()))
         );
         // The header the proxies do not write is the client's: not read.
         assert_eq!(key.extract(&fwd), Ok(Some("ip:10.0.0.2".into())));
@@ -522,5 +556,29 @@ mod tests {
             ClientIp::peer().extract(&mapped),
             Ok(Some("ip:192.0.2.9".into()))
         );
+    }
+
+    /// Addresses of one /64 share a key: keyed one by one, a client rotating
+    /// through its own /64 was never limited.
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_network() {
+        let a = parts(&[], Some("[2001:db8:1:2::a]:1"));
+        let b = parts(&[], Some("[2001:db8:1:2:ffff::b]:1"));
+        let other = parts(&[], Some("[2001:db8:1:3::a]:1"));
+        let key = ClientIp::peer();
+        assert_eq!(key.extract(&a), Ok(Some("ip:2001:db8:1:2::/64".into())));
+        assert_eq!(key.extract(&a), key.extract(&b));
+        assert_ne!(key.extract(&a), key.extract(&other));
+        let each = ClientIp::peer().ipv6_prefix(128);
+        assert_eq!(each.extract(&a), Ok(Some("ip:2001:db8:1:2::a".into())));
+        let wide = ClientIp::peer().ipv6_prefix(48);
+        assert_eq!(wide.extract(&other), Ok(Some("ip:2001:db8:1::/48".into())));
+        assert_eq!(
+            ClientIp::peer().ipv6_prefix(0).extract(&a),
+            Ok(Some("ip:::/0".into()))
+        );
+        // IPv4 is not touched.
+        let v4 = parts(&[], Some("192.0.2.9:1"));
+        assert_eq!(key.extract(&v4), Ok(Some("ip:192.0.2.9".into())));
     }
 }
