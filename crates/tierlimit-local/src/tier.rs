@@ -655,7 +655,10 @@ impl LocalTier {
     /// to come back (the breaker's longest cool-down plus a deadline) when a
     /// probe ends an outage of the whole fleet; zero when a check's call
     /// answers after another one failed. A settle still running goes on,
-    /// over every outage ended since it began.
+    /// over every outage ended since it began: while Redis flaps, with ends
+    /// coming faster than `settle`, the first outage's buckets stay and bound
+    /// their keys until it stops (they admit less, never more; the map's
+    /// bound holds).
     pub fn end_outage(&self, sent_in: u64, settle: Duration) {
         if !settle.is_zero() {
             self.settle(sent_in, settle);

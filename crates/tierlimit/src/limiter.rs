@@ -795,7 +795,10 @@ impl HybridLimiter {
                 // Checks decided locally in the outage this call was sent in
                 // (calls that failed while the breaker stayed Closed) are an
                 // outage that ends with this answer; an Open breaker's outage
-                // ends with its probe.
+                // ends with its probe. (A trip by another check between this
+                // read and the end, with a check decided locally in between,
+                // ends the Open breaker's outage at once: its buckets so far
+                // keep what they used, as seeds, but lose the settle bound.)
                 if inner.breaker.allows_request() {
                     inner.local.end_outage(sent_in, Duration::ZERO);
                 }
