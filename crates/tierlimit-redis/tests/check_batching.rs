@@ -379,6 +379,20 @@ async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
     );
 }
 
+/// The deadline of the tiers [`far`] makes.
+const FAR_DEADLINE: Duration = Duration::from_millis(200);
+
+/// A batching tier with a 200 ms deadline, warmed, behind a proxy that
+/// delays each way by 60 ms: a round trip takes 120 ms, 60 % of the deadline.
+async fn far() -> (RedisServer, FaultProxy, RedisTier) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let tier = tier_batching(&proxy.url(), 32, TimeSource::Server, FAR_DEADLINE);
+    warm(&tier).await;
+    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(60))));
+    (server, proxy, tier)
+}
+
 /// Calls that take most of half the deadline (a distant server, here a
 /// proxy's delay): a queued check waits a tenth of its deadline for a call
 /// to end, then goes beside the calls in flight. Waiting for one to end, it
@@ -386,14 +400,7 @@ async fn a_killed_server_fails_every_check_of_a_batch_within_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
     let _serial = tierlimit_test::serial().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    let deadline = Duration::from_millis(200);
-    let tier = tier_batching(&proxy.url(), 32, TimeSource::Server, deadline);
-    warm(&tier).await;
-    // A round trip takes two delays: 120 ms, 60 % of the deadline.
-    let delay = Duration::from_millis(60);
-    tokio::task::block_in_place(|| proxy.set(Fault::Latency(delay)));
+    let (server, proxy, tier) = far().await;
     let set = set("far", [Rule::per_hour(1000).expect("valid")]);
     // Two lone calls, a batch as large as they are (4), and the last two
     // queue behind those three calls.
@@ -403,7 +410,7 @@ async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
     for (i, (checked, took)) in outcomes.iter().enumerate() {
         assert!(
             checked.result.is_ok(),
-            "check {i} after {took:?} (deadline {deadline:?}): {:?}",
+            "check {i} after {took:?} (deadline {FAR_DEADLINE:?}): {:?}",
             checked.result
         );
     }
@@ -423,13 +430,7 @@ async fn a_queued_check_waits_a_tenth_of_its_deadline_for_a_call_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_whose_first_check_is_dropped_is_still_sent() {
     let _serial = tierlimit_test::serial().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    let deadline = Duration::from_millis(200);
-    let tier = tier_batching(&proxy.url(), 32, TimeSource::Server, deadline);
-    warm(&tier).await;
-    // A round trip takes two delays: 120 ms, 60 % of the deadline.
-    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(60))));
+    let (_server, proxy, tier) = far().await;
     let set = set("dropped", [Rule::per_hour(1000).expect("valid")]);
     // On a runtime of one thread, so the checks arrive in the order spawned:
     // two lone calls, the queue's first check (given up after 1 ms), one
@@ -467,7 +468,7 @@ async fn a_queue_whose_first_check_is_dropped_is_still_sent() {
     tokio::task::block_in_place(|| proxy.set(Fault::None));
     assert!(
         behind.result.is_ok(),
-        "the check behind it: {:?} (deadline {deadline:?})",
+        "the check behind it: {:?} (deadline {FAR_DEADLINE:?})",
         behind.result
     );
 }
