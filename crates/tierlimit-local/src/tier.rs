@@ -614,14 +614,16 @@ impl LocalTier {
     /// Notes that a bucket now belongs to `outage`, so that an answer to a
     /// call sent in it ends it. Free once noted.
     fn decided_in(&self, outage: u64) {
-        let fresh = outage << 1;
-        if self.outage.load(Ordering::Relaxed) == fresh {
-            let _ = self.outage.compare_exchange(
-                fresh,
-                fresh | DECIDED,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
+        self.move_outage(outage << 1, outage << 1 | DECIDED);
+    }
+
+    /// Sets the outage word to `to` if it is `from`; a load first, so a
+    /// word already moved on costs no locked instruction.
+    fn move_outage(&self, from: u64, to: u64) {
+        if self.outage.load(Ordering::Relaxed) == from {
+            let _ = self
+                .outage
+                .compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
@@ -663,15 +665,7 @@ impl LocalTier {
         if !settle.is_zero() {
             self.settle(sent_in, settle);
         }
-        let decided = sent_in << 1 | DECIDED;
-        if self.outage.load(Ordering::Relaxed) == decided {
-            let _ = self.outage.compare_exchange(
-                decided,
-                (sent_in + 1) << 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-        }
+        self.move_outage(sent_in << 1 | DECIDED, (sent_in + 1) << 1);
     }
 
     /// Bounds keys by their buckets of outage `from` and later ended ones
