@@ -373,7 +373,7 @@ impl HybridLimiterBuilder {
             reconciler: Reconciler::new(self.reconcile),
             named,
             #[cfg(feature = "config")]
-            built_from: std::sync::Mutex::new(None),
+            built_from: std::sync::OnceLock::new(),
             labels,
         });
         metrics::describe();
@@ -409,10 +409,10 @@ pub(crate) struct Inner {
     pub(crate) drain_wake: Arc<Notify>,
     pub(crate) reconciler: Reconciler,
     named: NamedSets,
-    /// The config of the last build or reload from one: what a reload
-    /// compares its start-only settings with.
+    /// The config the limiter was built from, if any: its start-only
+    /// settings are the ones in force until a restart, whatever reloads come.
     #[cfg(feature = "config")]
-    built_from: std::sync::Mutex<Option<crate::config::Config>>,
+    built_from: std::sync::OnceLock<crate::config::Config>,
     pub(crate) labels: Labels,
 }
 
@@ -1034,20 +1034,18 @@ impl Inner {
     /// which of its settings need a restart.
     #[cfg(feature = "config")]
     pub(crate) fn set_built_from(&self, config: crate::config::Config) {
-        *self.built_from.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+        let _ = self.built_from.set(config);
     }
 
-    /// Takes `config` as the one in force; the settings it changes that only
-    /// apply at start (none when the limiter was not built from a config).
+    /// The start-only settings `config` gives values other than those in
+    /// force, the ones the limiter was built with (none when it was not
+    /// built from a config).
     #[cfg(feature = "config")]
-    pub(crate) fn swap_built_from(&self, config: crate::config::Config) -> Vec<String> {
-        let mut built = self.built_from.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = built
-            .as_ref()
-            .map(|old| old.restart_changes(&config))
-            .unwrap_or_default();
-        *built = Some(config);
-        changed
+    pub(crate) fn restart_changes(&self, config: &crate::config::Config) -> Vec<String> {
+        self.built_from
+            .get()
+            .map(|built| built.restart_changes(config))
+            .unwrap_or_default()
     }
 
     #[inline(always)]

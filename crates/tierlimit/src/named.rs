@@ -39,8 +39,10 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
     /// Settings of a reloaded config file that only apply when a limiter is
     /// built (the Redis URL, the deadline, the breaker, ...), by field path,
-    /// whose new values differ from those in force: kept as they were until
-    /// a restart. Empty for a reload from code.
+    /// whose values differ from those in force, which are the ones the
+    /// limiter was built with until a restart: every reload names them again
+    /// while the file and the running limiter disagree. Empty for a reload
+    /// from code, and for a limiter not built from a config.
     pub needs_restart: Vec<String>,
     /// The generation now in force: 1 for what the limiter was built with,
     /// one more for each reload that was applied.

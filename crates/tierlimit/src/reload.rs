@@ -79,7 +79,7 @@ impl HybridLimiter {
 impl Inner {
     pub(crate) fn reload(&self, config: &Config) -> Result<ReloadReport> {
         let mut report = self.replace_rule_sets(resolved_sets(config))?;
-        report.needs_restart = self.swap_built_from(config.clone());
+        report.needs_restart = self.restart_changes(config);
         if !report.needs_restart.is_empty() {
             tracing::warn!(
                 settings = ?report.needs_restart,
