@@ -863,13 +863,12 @@ impl HybridLimiter {
             if claims.is_empty() {
                 break;
             }
-            match reconcile::send_batch(inner, &claims).await.0 {
-                Ok(units) => report.written_back_units += units,
+            let sent = reconcile::send_batch(inner, &claims).await;
+            report.written_back_units += sent.units;
+            if sent.failed.is_some() {
                 // Redis is down or failing: try again until the timeout.
-                Err(_) => {
-                    let left = timeout.saturating_sub(started.elapsed());
-                    tokio::time::sleep(left.min(Duration::from_millis(10))).await;
-                }
+                let left = timeout.saturating_sub(started.elapsed());
+                tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             }
         }
         report.undrained_units = ledger.units();

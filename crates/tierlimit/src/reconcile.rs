@@ -243,21 +243,34 @@ pub(crate) async fn run(inner: Weak<Inner>) {
     }
 }
 
-/// Sends one batch of write-backs and settles it; `Err` when the call failed
-/// as a whole or an entry failed in a way that may pass. Returns the units
-/// acknowledged, and whether the breaker should hear of the call (not of
-/// one Cluster master's fault: see
-/// [`RedisTier::reconcile_counted`](tierlimit_redis::RedisTier::reconcile_counted)).
-pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> (Result<u64>, bool) {
+/// What became of one batch of write-backs sent.
+pub(crate) struct Sent {
+    /// Units acknowledged, those of a batch that failed in part included.
+    pub(crate) units: u64,
+    /// Why the call failed as a whole, or the first entry that failed in a
+    /// way that may pass (those entries stay claimed, to be re-sent).
+    pub(crate) failed: Option<Error>,
+    /// Whether the breaker should hear of the call (not of one Cluster
+    /// master's fault: see
+    /// [`RedisTier::reconcile_counted`](tierlimit_redis::RedisTier::reconcile_counted)).
+    pub(crate) counts_call: bool,
+}
+
+/// Sends one batch of write-backs and settles it.
+pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Sent {
     let sent = inner.redis.reconcile_counted(&writes(claims)).await;
-    let result = sent.result.and_then(|outcomes| {
-        let settled = settle(inner, claims, outcomes);
-        match settled.transient {
-            Some(e) => Err(e),
-            None => Ok(settled.units),
+    let (units, failed) = match sent.result {
+        Ok(outcomes) => {
+            let settled = settle(inner, claims, outcomes);
+            (settled.units, settled.transient)
         }
-    });
-    (result, sent.counts_call)
+        Err(e) => (0, Some(e)),
+    };
+    Sent {
+        units,
+        failed,
+        counts_call: sent.counts_call,
+    }
 }
 
 /// One drain: batches until the ledger is empty or the breaker leaves Closed.
@@ -285,19 +298,19 @@ async fn drain(inner: &Arc<Inner>) {
         }
         let begun = Instant::now();
         // Under the Redis tier's deadline, like every call.
-        let (result, counts_call) = send_batch(inner, &claims).await;
+        let sent = send_batch(inner, &claims).await;
         let latency = begun.elapsed();
-        match result {
-            Ok(n) => {
-                if counts_call && inner.breaker.record_success(latency).is_some() {
+        units += sent.units;
+        batches += 1;
+        match sent.failed {
+            None => {
+                if sent.counts_call && inner.breaker.record_success(latency).is_some() {
                     inner.wake.notify_one();
                 }
-                units += n;
-                batches += 1;
             }
-            Err(e) => {
+            Some(e) => {
                 tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
-                if counts_call {
+                if sent.counts_call {
                     let outcome = inner.breaker.record_failure(latency, e.is_timeout());
                     inner.after_failure(outcome);
                 }

@@ -184,6 +184,77 @@ async fn a_killed_masters_write_backs_leave_the_breaker_closed() {
     );
 }
 
+/// A shutdown whose write-backs fail on one dead master only reports the
+/// units the live masters acknowledged as written back, not as lost: each
+/// batch holds keys of every master, and its failed entries once made the
+/// whole batch's units go uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_beside_a_dead_master_counts_what_the_others_took() {
+    let _serial = tierlimit_test::serial().await;
+    let mut cluster = RedisCluster::start();
+    cluster.serve_partial_coverage().await;
+    let set = daily();
+    let by_master = cluster.keys_on_every_master("down", 2, |key| set.storage_key(key, 0));
+    let victim = *by_master.keys().next().expect("a master");
+    // Open for longer than the test: nothing drains before the shutdown.
+    let mut slow_probe = breaker();
+    slow_probe.cool_down = Duration::from_secs(60);
+    slow_probe.max_cool_down = Duration::from_secs(60);
+    let limiter = healthy(
+        HybridLimiter::builder()
+            .redis_url(cluster.cluster_url())
+            .deadline(DEADLINE)
+            .breaker(slow_probe)
+            .instances(Instances::Fixed(1)),
+    )
+    .await;
+    for key in by_master.values().flatten() {
+        let d = limiter.check(key, &set, 1).await.expect("valid input");
+        assert_eq!(d.tier, Tier::Redis, "{key} before the hang: {d:?}");
+    }
+    // Every node hung (no failover meanwhile): the breaker opens and each
+    // key is admitted locally, owed to its master.
+    for node in 0..cluster.nodes().len() {
+        cluster.node_mut(node).pause();
+    }
+    let mut owed = BTreeMap::<usize, u64>::new();
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let mut rounds_open = 0;
+    while rounds_open < 3 {
+        assert!(Instant::now() < give_up, "the breaker stayed closed");
+        if limiter.breaker_state() == BreakerState::Open {
+            rounds_open += 1;
+        }
+        for (&master, keys) in &by_master {
+            for key in keys {
+                let d = limiter.check(key, &set, 1).await.expect("valid input");
+                if d.tier == Tier::Local && d.allowed {
+                    *owed.entry(master).or_default() += 1;
+                }
+            }
+        }
+    }
+    let total: u64 = owed.values().sum();
+    assert_eq!(limiter.local().ledger().units(), total, "owed to Redis");
+    // The victim dies; the rest go on. Its replica takes over only after
+    // the node timeout (1 s), later than the shutdown's half second ends.
+    cluster.node_mut(victim).kill9();
+    for node in (0..cluster.nodes().len()).filter(|&n| n != victim) {
+        cluster.node_mut(node).resume();
+    }
+    let limiter = Arc::try_unwrap(limiter).expect("the test holds the only limiter");
+    let report = limiter.shutdown(Duration::from_millis(500)).await;
+    assert_eq!(
+        report.written_back_units + report.undrained_units,
+        total,
+        "every owed unit is either written back or reported lost: {report:?}, owed {owed:?}"
+    );
+    assert!(
+        report.written_back_units >= total - owed[&victim],
+        "the live masters' units count as written back: {report:?}, owed {owed:?}"
+    );
+}
+
 /// How the victim master fails.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
