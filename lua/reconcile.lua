@@ -93,8 +93,10 @@ local now = script_now(ARGV[1])
 
 -- GCRA and the token bucket share one rule: the arrival time (relative to now)
 -- after the units, capped at a full bucket's worth. `rel` is the stored arrival
--- time relative to now, or nil for a full bucket; units admitted long ago start
--- from when they were admitted, so they may have refilled already.
+-- time relative to now, or nil for a full bucket; the units start owing at
+-- `first` (where the instance's last full refill left the bucket: see
+-- owed_since_us in tierlimit-core), so units owed long ago may have
+-- refilled already.
 -- A debt already above a full bucket (the limit or burst was lowered since it
 -- was written) is kept, not cut to the cap.
 local function debt_after(rel)

@@ -29,7 +29,10 @@ pub struct LedgerEntry {
     pub rule: Rule,
     /// Units admitted locally.
     pub units: u64,
-    /// Wall-clock time of the first unit, µs since the Unix epoch.
+    /// Wall-clock time of the first unit, µs since the Unix epoch. For GCRA
+    /// and the token bucket, when the units' debt begins (see
+    /// [`owed_since_us`]): later than the first unit when the bucket
+    /// refilled whole between two of them.
     pub first_us: u64,
     /// Wall-clock time of the last unit, µs since the Unix epoch.
     pub last_us: u64,
@@ -93,6 +96,50 @@ impl LedgerEntry {
     /// counters; 0 for the other algorithms).
     pub fn window_index(&self) -> u64 {
         window_index(&self.rule, self.last_us)
+    }
+}
+
+/// The `first_us` of a [`LedgerEntry`] holding `units` owed since `first_us`
+/// and then more from `more_us` on (the first of those, or their own
+/// `first_us`), µs since the epoch.
+///
+/// For GCRA and the token bucket the write-back charges the units back to
+/// back from `first_us` at the rule's emission interval (period ÷ limit), so
+/// `first_us` is where that run must start to end where the admissions left
+/// the bucket: a bucket that refilled whole before `more_us` starts over
+/// there, and the earlier units, already refilled, owe nothing. Counted from
+/// the very first unit instead, the later units would be charged as if they
+/// had been refilling since, and a key used, left to refill, then used
+/// again in one outage got the second burst back from Redis. For the other
+/// algorithms, the earlier of the two.
+///
+/// ```
+/// use tierlimit_core::{Rule, owed_since_us};
+///
+/// let rule = Rule::per_second(10)?; // one unit each 0.1 s
+/// // 10 units at 0 s, then more at 2 s: the bucket was full again by then.
+/// assert_eq!(owed_since_us(&rule, 0, 10, 2_000_000), 1_000_000);
+/// // 10 units at 0 s, then more at 0.5 s: it was not.
+/// assert_eq!(owed_since_us(&rule, 0, 10, 500_000), 0);
+/// # Ok::<(), tierlimit_core::Error>(())
+/// ```
+pub fn owed_since_us(rule: &Rule, first_us: u64, units: u64, more_us: u64) -> u64 {
+    if units == 0 {
+        return more_us;
+    }
+    match rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            // The units' run, rounded down: the start is then never earlier
+            // than exact, which would charge less.
+            let (period, limit) = (rule.period_micros(), rule.limit().max(1));
+            let run = match units.checked_mul(period) {
+                Some(product) => product / limit,
+                None => u64::try_from(u128::from(units) * u128::from(period) / u128::from(limit))
+                    .unwrap_or(u64::MAX),
+            };
+            first_us.max(more_us.saturating_sub(run))
+        }
+        _ => first_us.min(more_us),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tierlimit_core::{LedgerEntry, Rule, window_index};
+use tierlimit_core::{Algorithm, LedgerEntry, Rule, owed_since_us, window_index};
 
 use crate::bounded::{BoundedMap, ValueBytes};
 
@@ -127,9 +127,9 @@ impl Ledger {
                 }
                 e.stripes = stripes;
                 let added = units.min(u64::MAX - e.units);
+                e.first_us = owed_since_us(rule, e.first_us, e.units, first_us);
                 e.units += added;
                 self.units.fetch_add(added, Ordering::Relaxed);
-                e.first_us = e.first_us.min(first_us);
                 e.last_us = e.last_us.max(last_us);
                 units - added
             }
@@ -216,6 +216,10 @@ impl Ledger {
             Some(mut u) => match u.sending {
                 Some(sending) if sending.id == claim.raw_id => {
                     let taken = take(&u, &sending);
+                    // What stays is owed from where the units taken end,
+                    // which may be after the last unit (the span must hold it).
+                    u.first_us = owed_after(&u.rule, u.first_us, taken);
+                    u.last_us = u.last_us.max(u.first_us);
                     u.units -= taken;
                     u.sending = None;
                     (taken, u.units == 0)
@@ -300,11 +304,72 @@ impl Ledger {
     }
 }
 
+/// Where what a bucket rule's entry owes from `first_us` goes on once its
+/// first `taken` units are written back: where those end (the run
+/// [`owed_since_us`] charges them), rounded up: what stays is then charged
+/// no less than exact. The other algorithms' units keep their span.
+fn owed_after(rule: &Rule, first_us: u64, taken: u64) -> u64 {
+    match rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            let run = (u128::from(taken) * u128::from(rule.period_micros()))
+                .div_ceil(u128::from(rule.limit().max(1)));
+            first_us.saturating_add(u64::try_from(run).unwrap_or(u64::MAX))
+        }
+        _ => first_us,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+
+    /// A bucket rule's units are charged back to back from `first_us`: the
+    /// entry starts its run where the last full refill left the bucket, and
+    /// once part is written back, what stays goes on from where that ends.
+    #[test]
+    fn a_bucket_rules_entry_owes_from_its_last_refill() {
+        let ledger = Ledger::new(10, 1 << 20);
+        let gcra = Rule::per_second(10).expect("valid"); // 0.1 s a unit
+        // Full at 100 s, refilled whole by 102 s, full again.
+        ledger.record("k".into(), &gcra, 10, 100 * S);
+        ledger.record("k".into(), &gcra, 10, 102 * S);
+        let sent = ledger.claim(10);
+        assert_eq!(
+            (
+                sent[0].entry.units,
+                sent[0].entry.first_us,
+                sent[0].entry.last_us
+            ),
+            (20, 101 * S, 102 * S),
+            "the second burst owes a whole bucket from 102 s"
+        );
+        // Not refilled yet: the run goes on.
+        ledger.record("k".into(), &gcra, 5, 102 * S + S / 2);
+        ledger.ack(&sent[0]);
+        let rest = ledger.claim(10);
+        assert_eq!(
+            (
+                rest[0].entry.units,
+                rest[0].entry.first_us,
+                rest[0].entry.last_us
+            ),
+            (5, 103 * S, 103 * S),
+            "the 5 left owe from where the 20 written back end"
+        );
+        // A window rule's entry spans its units.
+        let window = Rule::per_hour(100)
+            .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+            .expect("valid");
+        ledger.record("w".into(), &window, 1, 100 * S);
+        ledger.record("w".into(), &window, 1, 3_000 * S);
+        let w = ledger.claim_key("w", &window, 3_000 * S);
+        assert_eq!(
+            (w[0].entry.first_us, w[0].entry.last_us),
+            (100 * S, 3_000 * S)
+        );
+    }
 
     #[test]
     fn units_add_up_per_key_and_ack_removes_only_what_was_sent() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 use smallvec::SmallVec;
 use tierlimit_core::{
-    Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, window_index,
+    Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, owed_since_us,
+    window_index,
 };
 
 use crate::bounded::{BoundedMap, ValueBytes};
@@ -152,17 +153,18 @@ impl Owed {
         }
     }
 
-    /// Counts `units` admitted at `now_us`. Only the holder of the bucket's
-    /// exclusive guard counts, so no other thread can count or take
-    /// meanwhile and plain stores do: a locked add was a fifth of a local
-    /// check's time (perf, `fallback/1000-keys`).
-    fn add(&mut self, units: u64, now_us: u64) {
+    /// Counts `units` admitted at `now_us` under `rule`. Only the holder of
+    /// the bucket's exclusive guard counts, so no other thread can count or
+    /// take meanwhile and plain stores do: a locked add was a fifth of a
+    /// local check's time (perf, `fallback/1000-keys`).
+    fn add(&mut self, rule: &Rule, units: u64, now_us: u64) {
         let owed = self.units.get_mut();
+        let before = *owed;
         // Saturating like the ledger's: a count that wrapped to 0 would owe
         // nothing, and its bucket would be pruned as clean.
         *owed = owed.saturating_add(units);
         let first = self.first_us.get_mut();
-        *first = (*first).min(now_us);
+        *first = owed_since_us(rule, *first, before, now_us);
         let last = self.last_us.get_mut();
         *last = (*last).max(now_us);
     }
@@ -888,8 +890,12 @@ impl LocalTier {
             ) = (&*engine.rules, &mut *bucket.rules)
         {
             let eval = governor_check(limiter, *t_ns, *burst_ns, tat, mono_ns, cost);
-            if eval.ok && record && set.reconciles(0) {
-                owed.add(cost, self.unix_from(mono_ns));
+            if eval.ok
+                && record
+                && set.reconciles(0)
+                && let Some(rule) = set.rules().first()
+            {
+                owed.add(rule, cost, self.unix_from(mono_ns));
                 self.mark_owing();
             }
             if let Some(rules) = rules {
@@ -1077,7 +1083,7 @@ impl LocalTier {
                 self.move_owed(set, escaped_key, i, &r.owed);
                 r.owed.window.store(window, Ordering::Relaxed);
             }
-            r.owed.add(cost, now);
+            r.owed.add(rule, cost, now);
         }
         self.mark_owing();
     }

@@ -609,3 +609,24 @@ fn owed_units_saturate_instead_of_wrapping() {
     }
     assert!(local.ledger().units() > 0, "the owed units were lost");
 }
+
+/// What a bucket owes is charged to Redis from where its last full refill
+/// left it: a GCRA key spent at once, left to refill, then spent again in the
+/// same outage owes the second burst whole. Owed from its very first unit,
+/// the second burst read as refilled too, and Redis handed it out again.
+#[test]
+fn a_bucket_spent_again_after_a_refill_owes_the_second_burst() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new("again", [Rule::per_second(10).expect("valid")]).expect("valid");
+    let start = clock.unix_micros();
+    assert_eq!(admitted(&local, "k", &set, 1, 20), 10, "a full bucket");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(admitted(&local, "k", &set, 1, 20), 10, "refilled whole");
+    let claims = local.claim_pending("k", &set);
+    let entry = &claims.first().expect("owed").entry;
+    assert_eq!(entry.units, 20);
+    // The write-back charges 0.1 s a unit from `first_us`: 2 s of units end
+    // at 3 s, where the second burst left the bucket.
+    assert_eq!(entry.first_us, start + 1_000_000);
+    assert_eq!(entry.last_us, start + 2_000_000);
+}
