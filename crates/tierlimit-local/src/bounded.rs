@@ -198,15 +198,13 @@ impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
             .fold(init, |acc, e| f(acc, e.key(), e.value()))
     }
 
-    /// Clones up to `n` entries.
-    pub(crate) fn snapshot(&self, n: usize) -> Vec<(K, V)>
-    where
-        V: Clone,
-    {
+    /// The keys of up to `n` entries whose value `pred` accepts.
+    pub(crate) fn keys_where(&self, n: usize, mut pred: impl FnMut(&V) -> bool) -> Vec<K> {
         self.map
             .iter()
+            .filter(|e| pred(e.value()))
             .take(n)
-            .map(|e| (e.key().clone(), e.value().clone()))
+            .map(|e| e.key().clone())
             .collect()
     }
 }

@@ -17,6 +17,9 @@ struct Units {
     last_us: u64,
     /// The write-back under way, if any: sent (or about to be) under `id`.
     sending: Option<Sending>,
+    /// [`Ledger::claim`] passes the entry by until then (µs since the
+    /// epoch): its write-back failed, see [`Ledger::hold`].
+    held_until_us: u64,
 }
 
 impl ValueBytes for Units {}
@@ -119,6 +122,7 @@ impl Ledger {
                 first_us,
                 last_us,
                 sending: None,
+                held_until_us: 0,
             });
         let overflow = match entry {
             Some(mut e) => {
@@ -142,14 +146,31 @@ impl Ledger {
         }
     }
 
-    /// Claims up to `n` entries for writing back: each keeps its claim's id
-    /// until acknowledged, so one that failed is sent again under the same id.
-    pub fn claim(&self, n: usize) -> Vec<Claim> {
+    /// Claims up to `n` entries for writing back, passing by those
+    /// [held](Self::hold) past `now_us`: each keeps its claim's id until
+    /// acknowledged, so one that failed is sent again under the same id.
+    pub fn claim(&self, n: usize, now_us: u64) -> Vec<Claim> {
         self.entries
-            .snapshot(n)
+            .keys_where(n, |u| u.held_until_us <= now_us)
             .into_iter()
-            .filter_map(|(key, _)| self.claim_one(key))
+            .filter_map(|key| self.claim_one(key))
             .collect()
+    }
+
+    /// Holds `claim`'s entry back from [`claim`](Self::claim) until
+    /// `until_us`: its write-back failed in a way that may pass (its Cluster
+    /// master is down, say), and the entries after it go first meanwhile.
+    /// Retried at once and first, a few such entries held every batch, and
+    /// what the healthy masters were owed waited behind them. A check of the
+    /// entry's key still carries it ([`claim_key`](Self::claim_key)); its
+    /// acknowledgement ends the hold.
+    pub fn hold(&self, claim: &Claim, until_us: u64) {
+        let key = (claim.entry.storage_key.clone(), claim.window);
+        if let Some(mut u) = self.entries.get_mut(&key)
+            && u.sending.is_some_and(|s| s.id == claim.raw_id)
+        {
+            u.held_until_us = until_us;
+        }
     }
 
     /// Claims what is owed for `storage_key` under `rule` at `now_us` (the
@@ -222,6 +243,7 @@ impl Ledger {
                     u.last_us = u.last_us.max(u.first_us);
                     u.units -= taken;
                     u.sending = None;
+                    u.held_until_us = 0;
                     (taken, u.units == 0)
                 }
                 _ => (0, false),
@@ -335,7 +357,7 @@ mod tests {
         // Full at 100 s, refilled whole by 102 s, full again.
         ledger.record("k".into(), &gcra, 10, 100 * S);
         ledger.record("k".into(), &gcra, 10, 102 * S);
-        let sent = ledger.claim(10);
+        let sent = ledger.claim(10, 0);
         assert_eq!(
             (
                 sent[0].entry.units,
@@ -348,7 +370,7 @@ mod tests {
         // Not refilled yet: the run goes on.
         ledger.record("k".into(), &gcra, 5, 102 * S + S / 2);
         ledger.ack(&sent[0]);
-        let rest = ledger.claim(10);
+        let rest = ledger.claim(10, 0);
         assert_eq!(
             (
                 rest[0].entry.units,
@@ -377,7 +399,7 @@ mod tests {
         let rule = Rule::per_hour(100).expect("valid");
         ledger.record("k".into(), &rule, 2, 100 * S);
         ledger.record("k".into(), &rule, 3, 101 * S);
-        let batch = ledger.claim(10);
+        let batch = ledger.claim(10, 0);
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].entry.units, 5);
         assert_eq!(
@@ -403,7 +425,7 @@ mod tests {
         let ledger = Ledger::new(10, 1 << 20);
         let rule = Rule::per_hour(100).expect("valid");
         ledger.record("k".into(), &rule, 4, S);
-        let first = ledger.claim(10);
+        let first = ledger.claim(10, 0);
         ledger.record("k".into(), &rule, 1, 2 * S);
         let again = ledger.claim_key("k", &rule, 3 * S);
         assert_eq!(again.len(), 1);
@@ -443,7 +465,7 @@ mod tests {
         ledger.record_span("k".into(), &rule, 4, 2, S, S);
         ledger.record_span("k".into(), &rule, 8, 1, 2 * S, 2 * S);
         ledger.record("u".into(), &rule, 1, S);
-        let mut claims = ledger.claim(10);
+        let mut claims = ledger.claim(10, 0);
         claims.sort_by(|a, b| a.entry.storage_key.cmp(&b.entry.storage_key));
         let got: Vec<(u32, u64)> = claims
             .iter()

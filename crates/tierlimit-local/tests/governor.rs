@@ -169,7 +169,7 @@ fn ten_per_second_and_a_hundred_per_minute_are_all_or_nothing_like_the_exact_mod
     // Only what was admitted is owed, to each rule alike.
     let owed: Vec<u64> = local
         .ledger()
-        .claim(10)
+        .claim(10, u64::MAX)
         .iter()
         .map(|c| c.entry.units)
         .collect();

@@ -142,7 +142,7 @@ fn a_rule_set_is_all_or_nothing_locally() {
     assert_eq!(admitted, 3);
     // Each rule was charged only for the admitted three (every rule reconciles
     // by default: a window still live at the heal changes decisions).
-    let claims = local.ledger().claim(10);
+    let claims = local.ledger().claim(10, u64::MAX);
     assert_eq!(claims.len(), 2, "one entry per rule: {claims:?}");
     assert!(claims.iter().all(|c| c.entry.units == 3), "{claims:?}");
 }

@@ -858,15 +858,19 @@ impl HybridLimiter {
         let mut report = ShutdownReport::default();
         let ledger = inner.local.ledger();
         ledger.drop_expired(inner.clock.unix_micros());
-        while started.elapsed() < timeout {
-            let claims = ledger.claim(inner.reconciler.config.batch_size);
-            if claims.is_empty() {
-                break;
-            }
-            let sent = reconcile::send_batch(inner, &claims).await;
-            report.written_back_units += sent.units;
-            if sent.failed.is_some() {
-                // Redis is down or failing: try again until the timeout.
+        while started.elapsed() < timeout && !ledger.is_empty() {
+            let claims = ledger.claim(
+                inner.reconciler.config.batch_size,
+                inner.clock.unix_micros(),
+            );
+            let failed = claims.is_empty() || {
+                let sent = reconcile::send_batch(inner, &claims).await;
+                report.written_back_units += sent.units;
+                sent.failed.is_some()
+            };
+            if failed {
+                // Redis is down or failing, or what is left is held after a
+                // failure: try again until the timeout.
                 let left = timeout.saturating_sub(started.elapsed());
                 tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             }

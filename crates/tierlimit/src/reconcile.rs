@@ -207,6 +207,7 @@ pub(crate) fn settle(inner: &Inner, claims: &[Claim], outcomes: Vec<Result<Writt
             Err(e) => {
                 tracing::debug!(error = %e, "write-back failed on the server; it will be re-sent");
                 settled.transient.get_or_insert(e);
+                hold(inner, std::slice::from_ref(claim));
             }
         }
     }
@@ -264,12 +265,26 @@ pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Sent {
             let settled = settle(inner, claims, outcomes);
             (settled.units, settled.transient)
         }
-        Err(e) => (0, Some(e)),
+        Err(e) => {
+            hold(inner, claims);
+            (0, Some(e))
+        }
     };
     Sent {
         units,
         failed,
         counts_call: sent.counts_call,
+    }
+}
+
+/// Holds back `claims`, whose write-back failed, for a deadline: the
+/// entries after them go first meanwhile (see
+/// [`Ledger::hold`](tierlimit_local::Ledger::hold)).
+fn hold(inner: &Inner, claims: &[Claim]) {
+    let wait = u64::try_from(inner.redis.deadline().as_micros()).unwrap_or(u64::MAX);
+    let until = inner.clock.unix_micros().saturating_add(wait);
+    for claim in claims {
+        inner.local.ledger().hold(claim, until);
     }
 }
 
@@ -289,10 +304,10 @@ async fn drain(inner: &Arc<Inner>) {
             );
             return;
         }
-        let claims = inner
-            .local
-            .ledger()
-            .claim(inner.reconciler.config.batch_size);
+        let claims = inner.local.ledger().claim(
+            inner.reconciler.config.batch_size,
+            inner.clock.unix_micros(),
+        );
         if claims.is_empty() {
             break;
         }

@@ -184,27 +184,31 @@ async fn a_killed_masters_write_backs_leave_the_breaker_closed() {
     );
 }
 
-/// A shutdown whose write-backs fail on one dead master only reports the
-/// units the live masters acknowledged as written back, not as lost: each
-/// batch holds keys of every master, and its failed entries once made the
-/// whole batch's units go uncounted.
+/// A shutdown beside a dead master writes back what the live masters are
+/// owed and counts it: an entry whose write-back failed waits a cool-down
+/// while the entries after it go, instead of being re-sent first and
+/// holding every batch (the whole shutdown spent on the dead master's
+/// entries), and the units of a batch that failed in part count as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shutdown_beside_a_dead_master_counts_what_the_others_took() {
+async fn a_shutdown_beside_a_dead_master_writes_back_the_others() {
     let _serial = tierlimit_test::serial().await;
     let mut cluster = RedisCluster::start();
     cluster.serve_partial_coverage().await;
     let set = daily();
-    let by_master = cluster.keys_on_every_master("down", 2, |key| set.storage_key(key, 0));
-    let victim = *by_master.keys().next().expect("a master");
+    let by_master = cluster.keys_on_every_master("down", 3, |key| set.storage_key(key, 0));
     // Open for longer than the test: nothing drains before the shutdown.
     let mut slow_probe = breaker();
     slow_probe.cool_down = Duration::from_secs(60);
     slow_probe.max_cool_down = Duration::from_secs(60);
+    // One entry a batch: a failed entry re-sent first fills it.
+    let mut one_by_one = ReconcileConfig::default();
+    one_by_one.batch_size = 1;
     let limiter = healthy(
         HybridLimiter::builder()
             .redis_url(cluster.cluster_url())
             .deadline(DEADLINE)
             .breaker(slow_probe)
+            .reconcile(one_by_one)
             .instances(Instances::Fixed(1)),
     )
     .await;
@@ -236,8 +240,13 @@ async fn a_shutdown_beside_a_dead_master_counts_what_the_others_took() {
     }
     let total: u64 = owed.values().sum();
     assert_eq!(limiter.local().ledger().units(), total, "owed to Redis");
-    // The victim dies; the rest go on. Its replica takes over only after
+    // One master dies; the rest go on. Its replica takes over only after
     // the node timeout (1 s), later than the shutdown's half second ends.
+    // Entries are claimed in the ledger map's order, which its hasher's
+    // random keys shuffle: unless all 6 of the others' come before all 3 of
+    // the victim's (1 run in 84), one of the victim's comes before one of
+    // theirs.
+    let victim = *by_master.keys().next().expect("a master");
     cluster.node_mut(victim).kill9();
     for node in (0..cluster.nodes().len()).filter(|&n| n != victim) {
         cluster.node_mut(node).resume();
@@ -251,7 +260,7 @@ async fn a_shutdown_beside_a_dead_master_counts_what_the_others_took() {
     );
     assert!(
         report.written_back_units >= total - owed[&victim],
-        "the live masters' units count as written back: {report:?}, owed {owed:?}"
+        "the live masters' units are written back: {report:?}, owed {owed:?}"
     );
 }
 
