@@ -91,9 +91,10 @@ local function gcra_load(key, now, limit)
   return rel, 1
 end
 
--- Stores TAT = now + rel (rel > 0) under `limit`, expiring when the bucket is
--- full again.
-local function gcra_store(key, now, rel, limit)
+-- Stores TAT = now + rel under `limit`, expiring when the bucket is full
+-- again, or ttl_us from now when given (a TAT in the past reads as a full
+-- bucket, but a write-back stacks on it: reconcile.lua).
+local function gcra_store(key, now, rel, limit, ttl_us)
   local whole = floor(rel)
   -- '%.17f' never prints an exponent; drop its leading '0'. A whole TAT (an
   -- interval of whole microseconds) is written without a fraction: the same
@@ -104,7 +105,7 @@ local function gcra_store(key, now, rel, limit)
   else
     value = format('%d@%d', now + whole, limit)
   end
-  local ttl_ms = ceil((rel - GCRA_SLACK_US) / 1000)
+  local ttl_ms = ceil(((ttl_us or rel) - GCRA_SLACK_US) / 1000)
   if ttl_ms < 1 then
     ttl_ms = 1
   end

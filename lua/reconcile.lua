@@ -116,20 +116,35 @@ if code == 1 or code == 2 then
     rel = gcra_load(key, now, limit)
   else
     local used
-    used, ts = token_bucket_load(key, now, limit, period)
-    if used > 0 then
+    used, ts = token_bucket_load(key, now, limit, period, true)
+    if used ~= 0 then
       rel = used / rate
     end
   end
   local new_rel = debt_after(rel)
-  if last + capacity / rate <= now or new_rel <= 0 then
-    -- Nothing of them is left: a full bucket would have refilled since the
-    -- last (a period, unless the burst is not the limit), or they refilled.
+  local full = capacity / rate
+  if last + full <= now then
+    -- A full bucket would have refilled since the last unit (a period,
+    -- unless the burst is not the limit): nothing of them is left.
     status, applied = 2, 0
-  elseif code == 1 then
-    gcra_store(key, now, new_rel, limit)
   else
-    token_bucket_store(key, new_rel * rate, ts, (ts - now) + new_rel)
+    local ttl = new_rel
+    if new_rel <= 0 then
+      -- They refilled, but where they end is kept, in the past (a full
+      -- bucket to checks), until a full refill after it: the other
+      -- instances' units of the same outage stack after them. Alone, each
+      -- instance's units read as refilled, and a fleet that spent the
+      -- bucket between them got it back whole.
+      status, applied = 2, 0
+      ttl = full + new_rel
+    end
+    if ttl > 0 then
+      if code == 1 then
+        gcra_store(key, now, new_rel, limit, ttl)
+      else
+        token_bucket_store(key, new_rel * rate, ts, (ts - now) + ttl)
+      end
+    end
   end
 elseif code == 3 then
   local since = now - period

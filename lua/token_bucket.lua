@@ -37,8 +37,9 @@ local TB_SLACK = 1e-9
 
 -- The units used at now (drained since ts) and the time draining counts from
 -- (now, or a lagging writer's later ts). A missing key has used none. Shared
--- with reconcile.lua.
-local function token_bucket_load(key, now, limit, period)
+-- with reconcile.lua, which asks for what drained past empty too
+-- (`below_zero`: a negative count, where a write-back stacks).
+local function token_bucket_load(key, now, limit, period, below_zero)
   local state = redis.call('HMGET', key, 'used', 'ts')
   local used, at = tonumber(state[1]), tonumber(state[2])
   if not (used and at) then
@@ -47,7 +48,11 @@ local function token_bucket_load(key, now, limit, period)
   used = min(used, MAX_REFILL_US * limit / period)
   if now > at then
     -- Multiply before dividing: elapsed * limit is exact below 2^53.
-    return max(0, used - (now - at) * limit / period), now
+    local left = used - (now - at) * limit / period
+    if below_zero then
+      return left, now
+    end
+    return max(0, left), now
   end
   -- A client clock behind the last writer's: no refill, keep its ts.
   return used, at

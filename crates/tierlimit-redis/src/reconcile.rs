@@ -54,7 +54,9 @@ pub enum Written {
     Applied(u64),
     /// This id was applied to this key before (a re-sent write-back).
     AlreadyApplied,
-    /// The units' window has passed: nothing left to change.
+    /// The units count no more (their window has passed, or their bucket
+    /// refilled since): none applied. A bucket keeps where they end, in the
+    /// past, for the write-backs of other instances to stack after.
     Expired,
     /// Redis refused this entry on its own (a key of the wrong type, say):
     /// sending it again changes nothing. The server's message.

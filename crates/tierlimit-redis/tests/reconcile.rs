@@ -159,6 +159,34 @@ async fn a_burst_above_the_limit_keeps_units_owed_past_a_period() {
     }
 }
 
+/// Three instances each spent their share of a bucket at once, 30 s before
+/// they write back: 60 units of a 60-per-minute bucket, half refilled since.
+/// Alone, each instance's 20 units read as refilled (20 s of units ending 10
+/// s ago), and the bucket came back full; where each write-back ends is kept,
+/// so the next stacks after it, and the bucket is half spent.
+#[tokio::test]
+async fn a_fleets_write_backs_stack_where_each_alone_refilled() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 60, Duration::from_secs(60));
+        let set = set(&format!("fleet{}", algorithm.code()), [r.clone()]);
+        let at = clock.unix_micros() - 30_000_000;
+        let mut applied = 0;
+        for instance in 0..3 {
+            let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 20, at, at);
+            let id = format!("f{}-{instance}", algorithm.code());
+            applied += write_back(&tier, &id, &[entry]).await.applied_units;
+        }
+        assert_eq!(applied, 40, "{label}: the first 20 alone had refilled");
+        // 30 of 60 still owed: one more check leaves 29.
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(v.decision.remaining, 29, "{label}");
+    }
+}
+
 /// A sliding log with less room than a write-back has units takes the
 /// newest of them: those bound the key longest. It took the oldest, which
 /// leave the log first, and the key was free again that much sooner than
