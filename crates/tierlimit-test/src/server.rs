@@ -44,6 +44,8 @@ pub struct RedisServer {
 pub(crate) struct TestCa {
     dir: PathBuf,
     ca_pem: Vec<u8>,
+    /// The server's certificate and key, PEM, good for client use too.
+    identity: (Vec<u8>, Vec<u8>),
 }
 
 impl TestCa {
@@ -117,8 +119,13 @@ impl TestCa {
             "-out",
             "server.crt",
         ]);
-        let ca_pem = fs::read(dir.join("ca.crt")).expect("cannot read ca.crt");
-        TestCa { dir, ca_pem }
+        let read = |name: &str| fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (ca_pem, identity) = (read("ca.crt"), (read("server.crt"), read("server.key")));
+        TestCa {
+            dir,
+            ca_pem,
+            identity,
+        }
     }
 
     /// The CA's certificate, PEM.
@@ -292,6 +299,16 @@ impl RedisServer {
     /// plain server.
     pub fn tls_ca_pem(&self) -> Option<&[u8]> {
         self.tls.as_ref().map(|ca| ca.ca_pem.as_slice())
+    }
+
+    /// A client certificate and its key, PEM, signed by the server's CA, for
+    /// a server started with [`start_tls`](Self::start_tls) (the harness
+    /// presents it too, so a server started with `--tls-auth-clients yes`
+    /// serves it); `None` for a plain one.
+    pub fn tls_client_identity(&self) -> Option<(&[u8], &[u8])> {
+        self.tls
+            .as_ref()
+            .map(|ca| (ca.identity.0.as_slice(), ca.identity.1.as_slice()))
     }
 
     /// The process id of the current (or, after [`kill9`](Self::kill9), the last) server process.
@@ -597,7 +614,10 @@ fn client_for(port: u16, tls: Option<&TestCa>) -> redis::Client {
                 let _ = rustls::crypto::ring::default_provider().install_default();
             }
             let certs = redis::TlsCertificates {
-                client_tls: None,
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: ca.identity.0.clone(),
+                    client_key: ca.identity.1.clone(),
+                }),
                 root_cert: Some(ca.ca_pem.clone()),
             };
             redis::Client::build_with_tls(url, certs)

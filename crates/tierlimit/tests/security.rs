@@ -37,6 +37,44 @@ async fn the_limiter_decides_on_redis_over_tls_as_an_acl_user() {
     assert!(server.script_calls().await >= 1);
 }
 
+/// Mutual TLS, as the README promises: a server that asks every client for
+/// a certificate serves a limiter that presents one its CA signed, and a
+/// limiter without one gets its policy's answer, never Redis'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_serves_a_client_certificate_and_only_that() {
+    let server = RedisServer::start_tls(&["--tls-auth-clients", "yes"]);
+    let ca = server.tls_ca_pem().expect("a TLS server");
+    let (chain, key) = server.tls_client_identity().expect("a TLS server");
+    let tls = |builder: tierlimit::HybridLimiterBuilder| {
+        builder
+            .deadline(Duration::from_secs(1))
+            .tls_root_certificates(ca)
+    };
+    let limiter =
+        support::healthy(tls(support::builder(&server.url())).tls_client_certificate(chain, key))
+            .await;
+    let decision = limiter
+        .check("user:1", &set(Policy::FailClosed), 1)
+        .await
+        .expect("valid check");
+    assert_eq!(decision.tier, Tier::Redis, "{decision:?}");
+    assert!(decision.allowed);
+
+    let calls = server.script_calls().await;
+    let anonymous = tls(support::builder(&server.url()))
+        .build()
+        .expect("valid limiter config");
+    let decision = anonymous
+        .check("user:1", &set(Policy::FailClosed), 1)
+        .await
+        .expect("valid check");
+    assert!(
+        decision.tier != Tier::Redis && !decision.allowed && decision.redis_failure.is_some(),
+        "{decision:?}"
+    );
+    assert_eq!(server.script_calls().await, calls, "its check never ran");
+}
+
 /// The least a limiter's ACL user needs (the README's Security section quotes
 /// it): its own keys, the scripts, PING and the commands the scripts call.
 const LEAST_PRIVILEGE: &[&str] = &[
