@@ -71,6 +71,10 @@ impl From<tierlimit::Error> for Failure {
     }
 }
 
+/// The exit code of a command line that does not parse (sysexits'
+/// `EX_USAGE`).
+const USAGE: u8 = 64;
+
 /// The exit code of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT).
 const INTERRUPTED: u8 = 130;
 
@@ -105,7 +109,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // Not clap's 2: `check` says "denied" with it.
+            return if e.use_stderr() {
+                ExitCode::from(USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

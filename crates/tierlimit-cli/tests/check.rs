@@ -85,7 +85,11 @@ fn a_malformed_rule_is_refused_with_the_grammar_s_reason() {
         .output()
         .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "clap's usage error: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a usage error, not a denial (2): {stderr}"
+    );
     assert!(
         stderr.contains("10/fortnight") && stderr.contains("--rule"),
         "{stderr}"
