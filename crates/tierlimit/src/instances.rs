@@ -7,6 +7,14 @@
 //! limit or half of it if Redis failed again in that second. Instances cannot
 //! really leave faster than the heartbeat TTL, so the count used is never
 //! below the largest count heard within the last TTL.
+//!
+//! Nor is the first count heard believed at once: in a fleet started
+//! together the first instance to beat sees 1, the next 2, and an outage
+//! before their next beats gave them the whole limit and half of it. A count
+//! is learned once a beat has answered at least a heartbeat interval after
+//! the first one, when every instance started with it has beaten too; until
+//! then a count heard above the one assumed narrows the shares (that is
+//! always safe), and nothing widens them.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -21,28 +29,39 @@ const UNKNOWN: u64 = 0;
 pub(crate) struct InstanceCount {
     /// The count in force; [`UNKNOWN`] until learned (when not fixed).
     current: AtomicU64,
-    /// Counts heard within the TTL, oldest first: (monotonic clock µs, count).
-    heard: Mutex<VecDeque<(u64, u64)>>,
+    heard: Mutex<Heard>,
     ttl_us: u64,
+    /// How long after the first count heard a count is believed.
+    learn_us: u64,
+}
+
+#[derive(Debug, Default)]
+struct Heard {
+    /// When the first count was heard (monotonic clock µs).
+    first_us: Option<u64>,
+    /// Counts heard within the TTL, oldest first: (monotonic clock µs, count).
+    counts: VecDeque<(u64, u64)>,
 }
 
 impl InstanceCount {
     /// A count that is known from the start and never changes by heartbeat.
     pub(crate) fn fixed(n: u64) -> Self {
-        Self::with(n, Duration::ZERO)
+        Self::with(n, Duration::ZERO, Duration::ZERO)
     }
 
-    /// A count learned from heartbeats, `assumed` until the first one answers
-    /// (`None`: unknown).
-    pub(crate) fn learned(assumed: Option<u64>, ttl: Duration) -> Self {
-        Self::with(assumed.unwrap_or(UNKNOWN), ttl)
+    /// A count learned from heartbeats `every` apart, `assumed` until one
+    /// answers `every` after the first (`None`: unknown).
+    pub(crate) fn learned(assumed: Option<u64>, ttl: Duration, every: Duration) -> Self {
+        Self::with(assumed.unwrap_or(UNKNOWN), ttl, every)
     }
 
-    fn with(n: u64, ttl: Duration) -> Self {
+    fn with(n: u64, ttl: Duration, every: Duration) -> Self {
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         InstanceCount {
             current: AtomicU64::new(n),
-            heard: Mutex::new(VecDeque::new()),
-            ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+            heard: Mutex::new(Heard::default()),
+            ttl_us: us(ttl),
+            learn_us: us(every),
         }
     }
 
@@ -57,27 +76,38 @@ impl InstanceCount {
     }
 
     /// A heartbeat answered `count` live instances at `now_us`: the count in
-    /// force becomes the largest heard within the TTL (this one included).
-    /// Returns it.
+    /// force becomes the largest heard within the TTL (this one included),
+    /// once learned (see the module's docs). Returns the count in force
+    /// ([`UNKNOWN`] while there is none).
     pub(crate) fn heard(&self, count: u64, now_us: u64) -> u64 {
         let count = count.max(1);
         let mut heard = match self.heard.lock() {
             Ok(h) => h,
             Err(poisoned) => poisoned.into_inner(),
         };
+        let first = *heard.first_us.get_or_insert(now_us);
+        let counts = &mut heard.counts;
         let horizon = now_us.saturating_sub(self.ttl_us);
-        while heard.front().is_some_and(|&(at, _)| at < horizon) {
-            heard.pop_front();
+        while counts.front().is_some_and(|&(at, _)| at < horizon) {
+            counts.pop_front();
         }
         // Keep only what could still be the maximum: a later, larger count makes
         // an earlier, smaller one irrelevant. The deque stays decreasing in count.
-        while heard.back().is_some_and(|&(_, n)| n <= count) {
-            heard.pop_back();
+        while counts.back().is_some_and(|&(_, n)| n <= count) {
+            counts.pop_back();
         }
-        heard.push_back((now_us, count));
-        let max = heard.front().map_or(count, |&(_, n)| n);
-        self.current.store(max, Ordering::Relaxed);
-        max
+        counts.push_back((now_us, count));
+        let max = counts.front().map_or(count, |&(_, n)| n);
+        let current = self.current.load(Ordering::Relaxed);
+        let used = if now_us.saturating_sub(first) >= self.learn_us {
+            max
+        } else if current == UNKNOWN {
+            UNKNOWN
+        } else {
+            current.max(max)
+        };
+        self.current.store(used, Ordering::Relaxed);
+        used
     }
 }
 
@@ -90,9 +120,13 @@ mod tests {
     // Regression: after Redis restarted empty, the heartbeat answered 1, then 2,
     // and the instance used those as its count, so a second outage in that
     // second gave it the whole limit or half of it as its local share.
+    fn learned(assumed: Option<u64>) -> InstanceCount {
+        InstanceCount::learned(assumed, Duration::from_secs(30), Duration::ZERO)
+    }
+
     #[test]
     fn the_count_never_falls_faster_than_the_ttl() {
-        let count = InstanceCount::learned(None, Duration::from_secs(30));
+        let count = learned(None);
         assert_eq!(count.get(), None, "unknown until learned");
         assert_eq!(count.heard(3, 0), 3);
         // Redis came back empty: the first beats see 1, then 2.
@@ -110,19 +144,50 @@ mod tests {
 
     #[test]
     fn a_larger_count_is_used_at_once() {
-        let count = InstanceCount::learned(Some(2), Duration::from_secs(30));
+        let count = learned(Some(2));
         assert_eq!(count.get(), Some(2), "assumed until learned");
         assert_eq!(count.heard(5, 10), 5);
         assert_eq!(count.heard(0, 20), 5, "zero is read as this instance alone");
     }
 
+    // Regression: in a fleet started together the first instance to beat
+    // heard 1 and believed it, so an outage before its next beat gave it the
+    // whole limit as its local share.
+    #[test]
+    fn the_first_count_is_believed_only_a_beat_later() {
+        let count = InstanceCount::learned(None, Duration::from_secs(30), Duration::from_secs(1));
+        assert_eq!(
+            count.heard(1, 0),
+            UNKNOWN,
+            "the others may not have beaten yet"
+        );
+        assert_eq!(count.get(), None);
+        assert_eq!(count.heard(2, S / 2), UNKNOWN, "nor half a beat later");
+        assert_eq!(count.heard(3, S), 3, "a beat later, every one has");
+        assert_eq!(count.get(), Some(3));
+        // Assumed: a larger count narrows the shares at once, a smaller one
+        // waits its beat.
+        let count =
+            InstanceCount::learned(Some(2), Duration::from_secs(30), Duration::from_secs(1));
+        assert_eq!(count.heard(1, 0), 2);
+        assert_eq!(count.heard(4, S / 2), 4);
+        let count =
+            InstanceCount::learned(Some(4), Duration::from_secs(30), Duration::from_secs(1));
+        assert_eq!(count.heard(1, 0), 4);
+        assert_eq!(count.heard(2, S), 2, "learned: the largest within the TTL");
+    }
+
     #[test]
     fn the_history_stays_small() {
-        let count = InstanceCount::learned(None, Duration::from_secs(30));
+        let count = learned(None);
         for i in 0..10_000u64 {
             count.heard(i % 7 + 1, i * 1_000);
         }
-        let heard = count.heard.lock().map(|h| h.len()).unwrap_or(usize::MAX);
+        let heard = count
+            .heard
+            .lock()
+            .map(|h| h.counts.len())
+            .unwrap_or(usize::MAX);
         assert!(
             heard <= 7,
             "a decreasing deque holds one entry per distinct count at most: {heard}"

@@ -57,15 +57,19 @@ pub enum Instances {
     Fixed(u64),
     /// Learned from a heartbeat set in Redis while it is healthy.
     ///
-    /// Until the first heartbeat answers (Redis down at start-up), `assume` is
-    /// used. With `assume: None` (the default) the count is unknown and
+    /// The count is learned once a heartbeat answers at least one
+    /// [interval](HybridLimiterBuilder::heartbeat_every) after the first
+    /// (every instance started with this one has beaten by then: in a fleet
+    /// started together the first to beat hears 1). Until then `assume` is
+    /// used, raised to a larger count heard. With `assume: None` (the
+    /// default) the count is unknown and
     /// [`Policy::LocalFallback`] does not guess it: its rule sets are answered
     /// by the [overflow policy](HybridLimiterBuilder::overflow_policy)
     /// (fail-closed by default) until the count is learned, because assuming
     /// one instance would hand every new instance of a rolling deploy the
     /// whole limit.
     Learned {
-        /// The count assumed before Redis has answered once; `None`: unknown.
+        /// The count assumed until one is learned; `None`: unknown.
         assume: Option<u64>,
     },
 }
@@ -302,7 +306,9 @@ impl HybridLimiterBuilder {
                 return Err(invalid("instances must be at least 1"));
             }
             Instances::Fixed(n) => InstanceCount::fixed(n),
-            Instances::Learned { assume } => InstanceCount::learned(assume, self.instance_ttl),
+            Instances::Learned { assume } => {
+                InstanceCount::learned(assume, self.instance_ttl, self.heartbeat_every)
+            }
         };
         in_range(
             "heartbeat_every",
