@@ -30,6 +30,10 @@ struct Sending {
     units: u64,
     first_us: u64,
     last_us: u64,
+    /// The stripes the units were spread over: the reconcile script marks
+    /// each stripe with the id, so a re-send must spread them the same way
+    /// (over more stripes, the new ones would apply their shares again).
+    stripes: u32,
 }
 
 /// One entry's units on their way to Redis, under an id that makes sending
@@ -192,9 +196,10 @@ impl Ledger {
             units: u.units,
             first_us: u.first_us,
             last_us: u.last_us,
+            stripes: u.stripes,
         };
         let sending = *u.sending.get_or_insert(fresh);
-        let (rule, stripes) = (u.rule.clone(), u.stripes);
+        let rule = u.rule.clone();
         drop(u);
         let (storage_key, window) = key;
         Some(Claim {
@@ -206,7 +211,7 @@ impl Ledger {
                 sending.first_us,
                 sending.last_us,
             )
-            .with_stripes(stripes),
+            .with_stripes(sending.stripes),
             raw_id: sending.id,
             window,
             resent,
@@ -472,6 +477,15 @@ mod tests {
             .map(|c| (c.entry.stripes, c.entry.units))
             .collect();
         assert_eq!(got, [(8, 3), (1, 1)]);
+        // Restriped while a claim is out: its re-send keeps its stripes (the
+        // script marked those with its id), the next claim takes the new.
+        ledger.record_span("k".into(), &rule, 16, 1, 3 * S, 3 * S);
+        let resent = ledger.claim_key("k", &rule, 3 * S);
+        assert_eq!((resent[0].entry.stripes, resent[0].entry.units), (8, 3));
+        assert!(resent[0].resent);
+        ledger.ack(&resent[0]);
+        let next = ledger.claim_key("k", &rule, 3 * S);
+        assert_eq!((next[0].entry.stripes, next[0].entry.units), (16, 1));
     }
 
     #[test]
