@@ -462,14 +462,23 @@ pub struct HybridLimiter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ShutdownReport {
-    /// Units admitted without Redis that shutdown wrote back.
+    /// Units admitted without Redis that shutdown wrote back (Redis
+    /// acknowledged them).
     pub written_back_units: u64,
+    /// Units shutdown did not send because they no longer count: their
+    /// window had passed, or their bucket had refilled.
+    pub expired_units: u64,
+    /// Units of entries Redis refused on their own (a key of another type,
+    /// say), set aside as the drain does (see
+    /// [`ReconcileStats::parked_units`](crate::ReconcileStats::parked_units)).
+    pub parked_units: u64,
     /// Units still owed to Redis when the timeout passed (lost with the
-    /// process): 0 when everything was written back.
+    /// process): 0 when nothing was left to write back. What the ledger held
+    /// at the call is these four added up.
     pub undrained_units: u64,
-    /// True when this instance left the heartbeat set, so the others widen
-    /// their shares at once instead of after the instance TTL. False for a
-    /// fixed instance count, or when Redis did not answer.
+    /// True when this instance left the heartbeat set: the others stop
+    /// counting it a TTL sooner than if it had just stopped beating. False
+    /// for a fixed instance count, or when Redis did not answer.
     pub left_group: bool,
 }
 
@@ -863,7 +872,8 @@ impl HybridLimiter {
         let started = Instant::now();
         let mut report = ShutdownReport::default();
         let ledger = inner.local.ledger();
-        ledger.drop_expired(inner.clock.unix_micros());
+        let parked_before = ledger.parked_units();
+        report.expired_units = ledger.drop_expired(inner.clock.unix_micros());
         while started.elapsed() < timeout && !ledger.is_empty() {
             let claims = ledger.claim(
                 inner.reconciler.config.batch_size,
@@ -881,6 +891,7 @@ impl HybridLimiter {
                 tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             }
         }
+        report.parked_units = ledger.parked_units().saturating_sub(parked_before);
         report.undrained_units = ledger.units();
         if inner.learn_instances && started.elapsed() < timeout {
             report.left_group = inner

@@ -262,6 +262,60 @@ async fn shutdown_while_redis_is_down_reports_what_is_lost() {
     );
 }
 
+/// A shutdown accounts for every unit the ledger held: written back,
+/// expired (their window passed: nothing to write), parked (Redis refuses the
+/// entry on its own) or undrained. The expired and parked ones were missing
+/// from its report, which then read as if everything had been written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_reports_the_units_it_did_not_write_and_why() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    // Open until the shutdown: nothing drains before it.
+    let mut slow_probe = support::breaker();
+    slow_probe.cool_down = Duration::from_secs(60);
+    slow_probe.max_cool_down = Duration::from_secs(60);
+    let limiter = builder(&proxy.url(), Instances::Fixed(1))
+        .breaker(slow_probe)
+        .build()
+        .expect("valid config");
+    let (hourly, brief) = (hourly("kept", 10), {
+        RuleSet::new("brief", [Rule::per_second(5).expect("valid")]).expect("valid")
+    });
+    // Something else holds a list where the poisoned key's count goes.
+    let poisoned = hourly.storage_key("poisoned", 0);
+    let mut conn = server.conn().await;
+    let _: () = conn.rpush(&poisoned, "x").await.expect("RPUSH");
+    proxy.set(Fault::Refuse);
+    trip(&limiter, &trip_set()).await;
+    for (key, set, times) in [
+        ("a", &hourly, 2),
+        ("b", &hourly, 1),
+        ("poisoned", &hourly, 1),
+        ("c", &brief, 3),
+    ] {
+        for _ in 0..times {
+            let d = limiter.check(key, set, 1).await.expect("valid");
+            assert!(d.tier == Tier::Local && d.allowed, "{key}: {d:?}");
+        }
+    }
+    // A per-second bucket's units count for a second after the last.
+    let admitted = unix_ms();
+    assert!(wait_for(Duration::from_secs(5), || unix_ms() > admitted + 1_100).await);
+    proxy.set(Fault::None);
+    let report = limiter.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        (
+            report.written_back_units,
+            report.expired_units,
+            report.parked_units,
+            report.undrained_units
+        ),
+        (3, 3, 1, 0),
+        "{report:?}"
+    );
+}
+
 /// Regression (issue 9, item 8): a batch failing for one entry (`WRONGTYPE`,
 /// because something else wrote a `tl:` key) was re-sent forever and counted
 /// against the breaker. The entry is parked; the rest drains; the breaker
