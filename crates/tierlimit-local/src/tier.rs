@@ -959,7 +959,7 @@ impl LocalTier {
         };
         if bucket.current(set, instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
-            if b.engine.is_some() && !self.superseded(key, b) {
+            if b.engine.is_some() && !self.superseded(key, b, now.unix_us) {
                 // Other limits, another instance count or a later outage, but
                 // still the latest word on the key: keep what was used.
                 b.carry_to(&engine, now);
@@ -994,7 +994,19 @@ impl LocalTier {
     /// it, not the bucket, is the key's latest word. Until then a later
     /// outage goes on from the bucket: started afresh from the seed of before
     /// the first outage, the key would get a second share of the same window.
-    fn superseded(&self, key: &LocalKey, bucket: &Bucket) -> bool {
+    ///
+    /// Nor while the bucket's outage settles: a report then does not count
+    /// what the instances still on their way back admitted, so the bucket
+    /// stays the key's bound, in a next outage too. Started from that report,
+    /// an instance that Redis failed again soon after it came back got a
+    /// second share of what the others had already spent.
+    fn superseded(&self, key: &LocalKey, bucket: &Bucket, now_us: u64) -> bool {
+        if self
+            .settling_from(now_us)
+            .is_some_and(|from| bucket.outage >= from)
+        {
+            return false;
+        }
         self.warm.get(key).is_some_and(|w| w.outage > bucket.outage)
     }
 
@@ -1352,7 +1364,7 @@ impl LocalTier {
             }
             // A bucket whose seed finds no room in the warm map stays until
             // a later prune finds room or it is idle.
-            !(self.superseded(key, b) || self.keep_as_seed(key, b, now))
+            !(self.superseded(key, b, now.unix_us) || self.keep_as_seed(key, b, now))
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);

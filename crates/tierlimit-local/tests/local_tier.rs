@@ -630,3 +630,34 @@ fn a_bucket_spent_again_after_a_refill_owes_the_second_burst() {
     assert_eq!(entry.first_us, start + 1_000_000);
     assert_eq!(entry.last_us, start + 2_000_000);
 }
+
+/// Redis fails again while an outage settles: the instance goes on from its
+/// bucket of the first outage, not from what Redis reported in between. That
+/// report did not count what the instances still on their way back had
+/// admitted, and started from it, the instance took a second share of what
+/// they had spent: 3 instances, 60 an hour, the fleet admitted 74.
+#[test]
+fn a_second_outage_while_the_first_settles_goes_on_from_its_bucket() {
+    let (local, _) = tier(LocalConfig::default());
+    let set = RuleSet::new("h", [Rule::per_hour(60).expect("valid")]).expect("valid");
+    // Outage 1: 19 of this instance's share of 20.
+    assert_eq!(admitted(&local, "k", &set, 3, 19), 19);
+    // Its probe ends it; the others are still out.
+    local.end_outage(local.outage(), Duration::from_secs(5));
+    // One check goes to Redis (the bucket has room), which has this
+    // instance's 19 and that check, and none of the others' 40.
+    assert!(local.settling("k", &set, 1).is_none());
+    let sent_in = local.outage();
+    local.remember(
+        "k",
+        &set,
+        [(40, Duration::from_secs(3_600))].into_iter(),
+        sent_in,
+    );
+    // Redis fails again before the others are back.
+    assert_eq!(
+        admitted(&local, "k", &set, 3, 20),
+        0,
+        "its share is spent: a report that undercounts the fleet gave it 14 more"
+    );
+}
