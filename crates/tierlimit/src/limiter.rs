@@ -493,7 +493,7 @@ impl Drop for HybridLimiter {
         }
         let owed = self.inner.local.ledger().units();
         if !self.shut_down && owed > 0 {
-            metrics::ledger_lost(owed);
+            self.inner.labels.ledger_lost(owed);
             tracing::warn!(
                 units = owed,
                 "limiter dropped without shutdown(): units admitted without Redis are lost"
@@ -901,7 +901,7 @@ impl HybridLimiter {
                 .is_ok();
         }
         if report.undrained_units > 0 {
-            metrics::ledger_lost(report.undrained_units);
+            inner.labels.ledger_lost(report.undrained_units);
             tracing::warn!(
                 units = report.undrained_units,
                 "shutdown timed out: units admitted without Redis were not written back"

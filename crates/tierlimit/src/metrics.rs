@@ -180,12 +180,6 @@ pub(crate) fn zero_series(labels: &Labels) {
     }
 }
 
-/// Units owed to Redis that were lost with the limiter (dropped without
-/// shutdown, or shutdown timed out).
-pub(crate) fn ledger_lost(units: u64) {
-    counter!(LEDGER_DROPPED, "reason" => "dropped").increment(units);
-}
-
 /// The `limiter` label of one limiter's series.
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
@@ -311,6 +305,13 @@ impl Labels {
     pub(crate) fn reload(&self, applied: bool) {
         let result = if applied { "applied" } else { "rejected" };
         counter!(RELOADS, "limiter" => self.limiter.clone(), "result" => result).increment(1);
+    }
+
+    /// Units owed to Redis that were lost with the limiter (dropped without
+    /// shutdown, or shutdown timed out).
+    pub(crate) fn ledger_lost(&self, units: u64) {
+        counter!(LEDGER_DROPPED, "limiter" => self.limiter.clone(), "reason" => "dropped")
+            .increment(units);
     }
 
     pub(crate) fn connection_replaced(&self) {

@@ -29,6 +29,7 @@ struct Capture {
     /// Every series registered, by name and sorted labels.
     series: Mutex<BTreeSet<Series>>,
     gauges: Mutex<BTreeMap<Series, Arc<AtomicU64>>>,
+    counters: Mutex<BTreeMap<Series, Arc<AtomicU64>>>,
     /// Field values of every `tierlimit_check` span.
     spans: Mutex<BTreeMap<u64, BTreeMap<String, String>>>,
     next_span: AtomicU64,
@@ -43,10 +44,14 @@ fn series(key: &Key) -> Series {
     (key.name().to_owned(), labels)
 }
 
-struct Noop;
-impl CounterFn for Noop {
-    fn increment(&self, _: u64) {}
-    fn absolute(&self, _: u64) {}
+struct CounterCell(Arc<AtomicU64>);
+impl CounterFn for CounterCell {
+    fn increment(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    fn absolute(&self, n: u64) {
+        self.0.fetch_max(n, Ordering::Relaxed);
+    }
 }
 
 struct GaugeCell(Arc<AtomicU64>);
@@ -71,8 +76,17 @@ impl Recorder for Rec {
         self.describe(key, unit, help);
     }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        self.0.series.lock().expect("lock").insert(series(key));
-        Counter::from_arc(Arc::new(Noop))
+        let s = series(key);
+        self.0.series.lock().expect("lock").insert(s.clone());
+        let cell = self
+            .0
+            .counters
+            .lock()
+            .expect("lock")
+            .entry(s)
+            .or_default()
+            .clone();
+        Counter::from_arc(Arc::new(CounterCell(cell)))
     }
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
         let s = series(key);
@@ -275,4 +289,49 @@ async fn every_metric_is_described_labelled_by_limiter_and_every_check_traced() 
             "a raw key in {fields:?}"
         );
     }
+}
+
+/// A limiter dropped without `shutdown()` while it owes Redis units counts
+/// them, as the README says, in
+/// `tierlimit_ledger_dropped_units_total{reason="dropped"}` (under its own
+/// `limiter` label).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_dropped_while_it_owes_units_counts_them_lost() {
+    let capture = capture();
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiter = HybridLimiter::builder()
+        .redis_url(proxy.url())
+        .name("dropper")
+        .instances(Instances::Fixed(1))
+        .build()
+        .expect("valid config");
+    // Named as the other test's: it asserts every check span it captures
+    // (this test's too, in one process) names the set "api".
+    let set = RuleSet::new("api", [Rule::per_hour(10).expect("valid")])
+        .expect("valid")
+        .with_policy(Policy::LocalFallback);
+    proxy.set(Fault::Refuse);
+    while limiter.breaker_state() == tierlimit::BreakerState::Closed {
+        let _ = limiter.check("trip", &set, 1).await;
+    }
+    for _ in 0..3 {
+        let d = limiter.check("k", &set, 1).await.expect("valid");
+        assert!(d.allowed && d.tier == tierlimit::Tier::Local, "{d:?}");
+    }
+    let owed = limiter.local().ledger().units();
+    assert!(owed >= 3, "owed {owed}");
+    drop(limiter);
+    let dropped = capture
+        .counters
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|((n, labels), _)| {
+            n == "tierlimit_ledger_dropped_units_total"
+                && labels.contains(&("limiter".to_owned(), "dropper".to_owned()))
+                && labels.contains(&("reason".to_owned(), "dropped".to_owned()))
+        })
+        .map(|(_, v)| v.load(Ordering::Relaxed));
+    assert_eq!(dropped, Some(owed));
 }
