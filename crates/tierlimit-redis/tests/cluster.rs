@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use tierlimit_core::{Clock, FakeClock, LedgerEntry, RedisFailure, Rule, RuleSet};
 use tierlimit_redis::{CheckKey, CheckRequest, RedisTier, RedisTierConfig, WriteBack, Written};
-use tierlimit_test::{RedisCluster, StallWatch, Timings};
+use tierlimit_test::{RedisCluster, StallWatch, Timings, query_node};
 use tokio::task::JoinSet;
 
 use support::{client_time_tier, set, storage_key, tier};
@@ -520,6 +520,81 @@ async fn a_manual_failover_is_followed_through_moved() {
         tier.check(&key, &s, 1).await.expect("served");
     }
     assert_eq!(rejected_script_calls(&cluster.nodes()[old]).await, settled);
+}
+
+/// A slot being migrated: its source answers `ASK` for a key it does not
+/// hold, and the tier follows it once, to the target, asking first
+/// (`ASKING`), for one check and for a batch of them alike, as the README
+/// says. Every check is decided by Redis and the count is the target's; a
+/// write-back of the key meanwhile is a fault that passes.
+#[tokio::test]
+async fn a_migrating_slot_is_followed_through_ask() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start();
+    let tier = tier(&cluster.cluster_url());
+    let s = set("ask", [Rule::per_minute(10).expect("valid")]);
+    // Every master has served a check (and so holds the scripts).
+    let by_master = keys_on_every_master(&cluster, &s, "warm", 1);
+    for key in by_master.values().flatten() {
+        tier.check(key, &s, 1).await.expect("served");
+    }
+    let key = "never-checked";
+    let storage = storage_key(&s, key, 0);
+    let source = cluster.master_of(&storage);
+    let target = *by_master
+        .keys()
+        .find(|&&m| m != source)
+        .expect("another master");
+    let nodes = cluster.topology();
+    let (source_node, target_node) = (&nodes[&source], &nodes[&target]);
+    let slot = cluster.slot(&storage);
+    let setslot = |state: &str, id: &str| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        cmd
+    };
+    let _: () = query_node(&target_node.addr, &setslot("IMPORTING", &source_node.id))
+        .expect("CLUSTER SETSLOT IMPORTING");
+    let _: () = query_node(&source_node.addr, &setslot("MIGRATING", &target_node.id))
+        .expect("CLUSTER SETSLOT MIGRATING");
+    let asked = rejected_script_calls(&cluster.nodes()[source]).await;
+    let served = calls_by_node(&cluster, SCRIPT_CALLS).await[target];
+
+    let v = tier.check(key, &s, 1).await.expect("served through ASK");
+    assert!(v.decision.allowed && v.decision.remaining == 9, "{v:?}");
+    // Five at once: batched into a call or more, each followed the same way.
+    let check = || tier.check(key, &s, 1);
+    let (a, b, c, d, e) = tokio::join!(check(), check(), check(), check(), check());
+    let mut remaining: Vec<u64> = [a, b, c, d, e]
+        .into_iter()
+        .map(|v| v.expect("served through ASK").decision.remaining)
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, [4, 5, 6, 7, 8]);
+    // A write-back takes two keys (the count and its id's marker), and Redis
+    // answers a call of several keys, not all of them on the target yet,
+    // TRYAGAIN while their slot moves: a fault that passes, so the entry is
+    // kept to be sent again (not set aside as refused).
+    let now_us = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_micros(),
+    )
+    .expect("µs fit");
+    let entry = LedgerEntry::new(storage.clone(), s.rules()[0].clone(), 1, now_us, now_us);
+    let written = tier
+        .reconcile(&[WriteBack::new("ask-1", &entry)])
+        .await
+        .map(|mut w| w.remove(0));
+    assert!(
+        matches!(&written, Err(e) | Ok(Err(e)) if e.redis_failure() == Some(RedisFailure::ClusterUnavailable)),
+        "{written:?}"
+    );
+    let asked = rejected_script_calls(&cluster.nodes()[source]).await - asked;
+    let served = calls_by_node(&cluster, SCRIPT_CALLS).await[target] - served;
+    assert!(asked >= 2, "the source answered ASK {asked} times");
+    assert!(served >= 2, "the target ran {served} script calls");
 }
 
 /// Script calls refused (`MOVED` among them) by all of `cluster`'s running
