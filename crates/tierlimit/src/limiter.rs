@@ -1161,6 +1161,25 @@ mod tests {
             .expect("valid config")
     }
 
+    /// Without the `tls` feature, `build()` refuses a `rediss://` URL with
+    /// an error naming the feature (the README's promise; `.ci/run` runs the
+    /// library's tests without default features for it).
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_without_the_tls_feature_is_refused_by_build() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let _entered = rt.enter();
+        let err = HybridLimiter::builder()
+            .redis_url("rediss://127.0.0.1:1/")
+            .build()
+            .expect_err("rediss:// needs the tls feature");
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("`tls` feature"), "{err}");
+    }
+
     /// The future a caller holds (and moves into its own) is its arguments,
     /// not the Redis call's state: every check, local or not, moves it.
     #[test]
