@@ -96,6 +96,13 @@ fn demo_summary_holds_its_bounds_and_the_deadline() {
         max <= bound,
         "{max} admitted in one second of the outage, bound {bound}"
     );
+    // Within that, what the README says: each instance its share (67 of
+    // 200, 201 together) in a second wholly without Redis.
+    let shares = INSTANCES * LIMIT.div_ceil(INSTANCES);
+    assert!(
+        max <= shares,
+        "{max} admitted in one second of the outage, shares {shares}"
+    );
     assert!(u(s, "/outage/admitted") <= bound * windows);
     for second in seconds.iter().filter(|v| v["redis"] == "down") {
         assert!(u(second, "/admitted") <= bound, "{second}");
