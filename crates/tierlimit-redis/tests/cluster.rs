@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tierlimit_core::{Clock, FakeClock, LedgerEntry, RedisFailure, Rule, RuleSet};
+use tierlimit_core::{Clock, FakeClock, LedgerEntry, RedisFailure, Rule, RuleSet, SystemClock};
 use tierlimit_redis::{CheckKey, CheckRequest, RedisTier, RedisTierConfig, WriteBack, Written};
 use tierlimit_test::{RedisCluster, StallWatch, Timings, query_node};
 use tokio::task::JoinSet;
@@ -575,13 +575,7 @@ async fn a_migrating_slot_is_followed_through_ask() {
     // answers a call of several keys, not all of them on the target yet,
     // TRYAGAIN while their slot moves: a fault that passes, so the entry is
     // kept to be sent again (not set aside as refused).
-    let now_us = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_micros(),
-    )
-    .expect("µs fit");
+    let now_us = SystemClock.unix_micros();
     let entry = LedgerEntry::new(storage.clone(), s.rules()[0].clone(), 1, now_us, now_us);
     let written = tier
         .reconcile(&[WriteBack::new("ask-1", &entry)])
