@@ -17,7 +17,9 @@
 -- fraction is kept after the decimal point (`1700000000123456.3333333333@10`)
 -- instead of being rounded up on every request: rounding up each time would
 -- lose the last unit of every full burst. The key expires exactly when the
--- bucket is full again (TAT <= now), so an idle key costs nothing.
+-- bucket is full again (TAT <= now), so an idle key costs nothing; only a
+-- write-back (reconcile.lua) keeps a TAT in the past, for a while, for
+-- another instance's write-back to stack after (a full bucket to checks).
 --
 -- A changed limit keeps what was used. TAT - now is the units still
 -- draining times the T they were written under, so a TAT written under

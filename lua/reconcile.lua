@@ -13,21 +13,26 @@
 --          check.lua).
 -- ARGV[3]  units admitted locally.
 -- ARGV[4]  first_us, ARGV[5] last_us: when the first and the last of them were
---          admitted (µs since the epoch, the instance's clock). For the window
+--          admitted (µs since the epoch, the instance's clock); for GCRA and
+--          the token bucket, first_us is when their debt began (the last full
+--          refill before them: tierlimit-core's owed_since_us). For the window
 --          algorithms both fall in one window.
 -- ARGV[6]  marker TTL in ms: how long a re-sent batch is recognised.
 -- ARGV[7]  batch id (also makes sliding-log members unique).
 --
 -- Reply: { status, units_applied }, status 1 = applied now, 0 = this batch was
--- already applied to this key (nothing changed), 2 = the units' window has
--- passed (nothing to change).
+-- already applied to this key (nothing changed), 2 = the units no longer
+-- count: their window has passed, or their bucket refilled (none applied; a
+-- bucket keeps where they end, in the past, for other instances' units to
+-- stack after).
 --
 -- It never denies: the requests already happened. It caps the debt at one
 -- window, so no key is punished beyond one full period however much the fleet
 -- over-admitted:
 --   GCRA / token bucket: the theoretical arrival time moves by units * period /
---     limit from max(TAT, first_us) (a full bucket has no TAT: the units start
---     at first_us and may have refilled already), and at most to now +
+--     limit from max(TAT, first_us) (a TAT in the past included; a missing key
+--     has none: the units start at first_us and may have refilled already),
+--     and at most to now +
 --     capacity * T (an empty bucket, refilling at the normal rate), or where
 --     it already was when a lowered limit or burst left it further. Units whose
 --     last one is as old as a full bucket's refill (capacity * T: a period

@@ -14,7 +14,9 @@
 -- (µs since the Unix epoch); the tokens left are capacity - used. A missing
 -- key is a full bucket (used = 0). Used units drain at limit / period per
 -- microsecond; a request takes `cost` tokens. The key expires when the
--- bucket would be full again, so an idle key costs nothing.
+-- bucket would be full again, so an idle key costs nothing. (A write-back,
+-- reconcile.lua, may store `used` below zero: units that drained already,
+-- kept for another instance's write-back to stack after; checks read 0.)
 --
 -- The state counts used units rather than tokens so that a changed limit or
 -- burst keeps what was used: the same `used` read under a new capacity leaves
@@ -38,7 +40,8 @@ local TB_SLACK = 1e-9
 -- The units used at now (drained since ts) and the time draining counts from
 -- (now, or a lagging writer's later ts). A missing key has used none. Shared
 -- with reconcile.lua, which asks for what drained past empty too
--- (`below_zero`: a negative count, where a write-back stacks).
+-- (`below_zero`: a negative count, where a write-back stacks); a check never
+-- sees one, lagging clock or not.
 local function token_bucket_load(key, now, limit, period, below_zero)
   local state = redis.call('HMGET', key, 'used', 'ts')
   local used, at = tonumber(state[1]), tonumber(state[2])
@@ -55,7 +58,10 @@ local function token_bucket_load(key, now, limit, period, below_zero)
     return max(0, left), now
   end
   -- A client clock behind the last writer's: no refill, keep its ts.
-  return used, at
+  if below_zero then
+    return used, at
+  end
+  return max(0, used), at
 end
 
 local function token_bucket_store(key, used, ts, ttl_us)

@@ -187,6 +187,29 @@ async fn a_fleets_write_backs_stack_where_each_alone_refilled() {
     }
 }
 
+/// Where a refilled write-back ends is kept in the past, and a check reads
+/// it as a full bucket, never more: the token bucket's count below zero was
+/// read as extra tokens by a check at the write-back's own time (its clock
+/// not past the stored one), and its reply's reset came out negative.
+#[tokio::test]
+async fn a_check_after_a_refilled_write_back_finds_a_full_bucket() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 60, Duration::from_secs(60));
+        let set = set(&format!("full{}", algorithm.code()), [r.clone()]);
+        let at = clock.unix_micros() - 30_000_000;
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r, 20, at, at);
+        let report = write_back(&tier, &format!("r{}", algorithm.code()), &[entry]).await;
+        assert_eq!(report.expired, 1, "{label}: refilled 10 s ago");
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(v.decision.remaining, 59, "{label}");
+        assert!(v.decision.reset_after <= Duration::from_secs(1), "{label}: {v:?}");
+    }
+}
+
 /// A sliding log with less room than a write-back has units takes the
 /// newest of them: those bound the key longest. It took the oldest, which
 /// leave the log first, and the key was free again that much sooner than
