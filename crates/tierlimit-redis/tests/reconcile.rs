@@ -206,7 +206,10 @@ async fn a_check_after_a_refilled_write_back_finds_a_full_bucket() {
         assert_eq!(report.expired, 1, "{label}: refilled 10 s ago");
         let v = tier.check("k", &set, 1).await.expect("check");
         assert_eq!(v.decision.remaining, 59, "{label}");
-        assert!(v.decision.reset_after <= Duration::from_secs(1), "{label}: {v:?}");
+        assert!(
+            v.decision.reset_after <= Duration::from_secs(1),
+            "{label}: {v:?}"
+        );
     }
 }
 

@@ -58,11 +58,13 @@ pub enum Instances {
     /// Learned from a heartbeat set in Redis while it is healthy.
     ///
     /// The count is learned once a heartbeat answers at least one
-    /// [interval](HybridLimiterBuilder::heartbeat_every) after the first
-    /// (every instance started with this one has beaten by then: in a fleet
-    /// started together the first to beat hears 1). Until then `assume` is
-    /// used, raised to a larger count heard. With `assume: None` (the
-    /// default) the count is unknown and
+    /// [interval](HybridLimiterBuilder::heartbeat_every), or the breaker's
+    /// longest cool-down plus the deadline if that is longer (5.05 s by
+    /// default), after the first: every instance started with this one has
+    /// beaten by then, even when Redis was down at their start and each beat
+    /// only after its own probe (in a fleet started together the first to
+    /// beat hears 1). Until then `assume` is used, raised to a larger count
+    /// heard. With `assume: None` (the default) the count is unknown and
     /// [`Policy::LocalFallback`] does not guess it: its rule sets are answered
     /// by the [overflow policy](HybridLimiterBuilder::overflow_policy)
     /// (fail-closed by default) until the count is learned, because assuming
@@ -307,7 +309,13 @@ impl HybridLimiterBuilder {
             }
             Instances::Fixed(n) => InstanceCount::fixed(n),
             Instances::Learned { assume } => {
-                InstanceCount::learned(assume, self.instance_ttl, self.heartbeat_every)
+                // Until every instance started with this one has beaten: a
+                // beat a heartbeat interval on, or, when Redis was down at
+                // their start, once the last of their probes found it back.
+                let learn = self
+                    .heartbeat_every
+                    .max(self.breaker.max_cool_down.saturating_add(self.deadline));
+                InstanceCount::learned(assume, self.instance_ttl, learn)
             }
         };
         in_range(

@@ -123,6 +123,30 @@ async fn a_limiter_started_while_redis_is_dead_does_not_assume_one_instance() {
     );
 }
 
+/// In a fleet whose Redis was down at its start each instance beats only
+/// after its own probe, and those spread over the breaker's longest
+/// cool-down: the first through hears 1. It believes a count only that long
+/// (plus a deadline) after its first beat; believed a heartbeat later, an
+/// outage then gave it the whole limit as its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_is_believed_only_after_the_slowest_probe() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let built = Instant::now();
+    let limiter = support::builder(&server.url())
+        .instances(Instances::Learned { assume: None })
+        .build()
+        .expect("valid config");
+    assert!(wait_for(Duration::from_secs(5), || limiter.instances().is_some()).await);
+    let learned_after = built.elapsed();
+    let slowest_probe = support::breaker().max_cool_down + DEADLINE;
+    assert!(
+        learned_after >= slowest_probe,
+        "believed {learned_after:?} after the first beat, before {slowest_probe:?}"
+    );
+    assert_eq!(limiter.instances(), Some(1));
+}
+
 /// Regression (issue 9, item 5): after Redis restarted empty the heartbeat set
 /// was gone, the first instances to beat learned 1, then 2, and a second
 /// outage within that second gave each the whole limit or half of it: with
