@@ -1,7 +1,9 @@
 //! Writing an outage ledger back: arguments and replies of `lua/reconcile.lua`.
 
 use redis::{Cmd, RedisWrite, Value};
-use tierlimit_core::{Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key};
+use tierlimit_core::{
+    Algorithm, Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key,
+};
 
 use crate::failure::classify_server;
 use crate::script::Head;
@@ -224,19 +226,36 @@ const MARKER: &str = ":rc:";
 
 /// The units of `entry` that can still change a decision, and when the first
 /// of them was admitted: no rule counts more than its capacity within a window,
-/// so of more units only the newest `capacity` matter (units are taken as
-/// spread evenly over `[first_us, last_us]`). Keeps every number the script
-/// gets exact: a ledger entry saturated at `u64::MAX` (a hot key under
+/// so of more units only the newest `capacity` matter. Keeps every number the
+/// script gets exact: a ledger entry saturated at `u64::MAX` (a hot key under
 /// FailOpen) becomes `capacity` units, the newest.
+///
+/// GCRA and the token bucket charge the units back to back from `first_us`
+/// (see [`owed_since_us`](tierlimit_core::owed_since_us)), so the newest
+/// start where the skipped ones' run ends; the other algorithms' units are
+/// taken as spread evenly over `[first_us, last_us]`. Spread evenly, a
+/// burst's run came out short: 10 units at once and 10 more over the next
+/// second (10 a second) were written back as ending at 1.5 s, not 2 s.
 fn newest_that_matter(entry: &LedgerEntry) -> (u64, u64) {
     let cap = entry.rule.capacity();
     if entry.units <= cap {
         return (entry.units, entry.first_us);
     }
-    let span = u128::from(entry.last_us.saturating_sub(entry.first_us));
     let skipped = u128::from(entry.units - cap);
-    let shift = span * skipped / u128::from(entry.units - 1);
-    (cap, entry.first_us + u64::try_from(shift).unwrap_or(0))
+    let shift = match entry.rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => (skipped
+            * u128::from(entry.rule.period_micros()))
+        .div_ceil(u128::from(entry.rule.limit())),
+        _ => {
+            let span = u128::from(entry.last_us.saturating_sub(entry.first_us));
+            span * skipped / u128::from(entry.units - 1)
+        }
+    };
+    let first = entry
+        .first_us
+        .saturating_add(u64::try_from(shift).unwrap_or(u64::MAX))
+        .min(entry.last_us);
+    (cap, first)
 }
 
 /// One entry's reply. A server error that is the entry's own (the key holds

@@ -213,6 +213,29 @@ async fn a_check_after_a_refilled_write_back_finds_a_full_bucket() {
     }
 }
 
+/// More units than a bucket holds: the newest of them start where the
+/// others' run ends. 10 units at once, then 10 over the next second, of a
+/// 10-a-second bucket, written back at once, leave it empty; taken as spread
+/// evenly over that second, they ended half a second early and the key got
+/// 5 back.
+#[tokio::test]
+async fn a_bucket_write_back_above_its_capacity_keeps_the_newest_run() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 10, Duration::from_secs(1));
+        let set = set(&format!("run{}", algorithm.code()), [r.clone()]);
+        let now = clock.unix_micros();
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r, 20, now - 1_000_000, now);
+        let report = write_back(&tier, &format!("n{}", algorithm.code()), &[entry]).await;
+        assert_eq!(report.applied_units, 10, "{label}: the newest 10");
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert!(!v.decision.allowed, "{label}: {v:?}");
+    }
+}
+
 /// A sliding log with less room than a write-back has units takes the
 /// newest of them: those bound the key longest. It took the oldest, which
 /// leave the log first, and the key was free again that much sooner than
