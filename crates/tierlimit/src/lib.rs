@@ -128,7 +128,7 @@
 //! | `tierlimit_config_reloads_total` | counter | count | `limiter`, `result` (applied, rejected) |
 //! | `tierlimit_local_keys_refused_total` | counter | count | |
 //! | `tierlimit_deny_cache_hits_total` | counter | count | |
-//! | `tierlimit_ledger_dropped_units_total` | counter | count | `reason` (expired, overflow, dropped) |
+//! | `tierlimit_ledger_dropped_units_total` | counter | count | `reason` (expired, overflow; dropped, with `limiter`) |
 //!
 //! Breaker transitions and reconcile drains are also `tracing` events, and
 //! every check is a debug-level span, `tierlimit_check` (rule set, a keyed

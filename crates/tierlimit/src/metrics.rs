@@ -35,7 +35,9 @@ pub(crate) const RECONCILED_UNITS: &str = "tierlimit_reconciled_units_total";
 pub(crate) const BATCHES_RETRIED: &str = "tierlimit_reconcile_batches_retried_total";
 pub(crate) const PARKED: &str = "tierlimit_reconcile_parked_total";
 pub(crate) const RELOADS: &str = "tierlimit_config_reloads_total";
-// Counted by the local tier itself (no limiter label: counters add up).
+// Counted by the local tier itself (no limiter label: counters add up), but
+// the ledger's units lost with a limiter (`reason="dropped"`), which the
+// limiter counts, under its label.
 const LOCAL_REFUSED: &str = "tierlimit_local_keys_refused_total";
 const DENY_CACHE_HITS: &str = "tierlimit_deny_cache_hits_total";
 const LEDGER_DROPPED: &str = "tierlimit_ledger_dropped_units_total";
@@ -175,9 +177,10 @@ pub(crate) fn zero_series(labels: &Labels) {
     }
     counter!(LOCAL_REFUSED).increment(0);
     counter!(DENY_CACHE_HITS).increment(0);
-    for reason in ["expired", "overflow", "dropped"] {
+    for reason in ["expired", "overflow"] {
         counter!(LEDGER_DROPPED, "reason" => reason).increment(0);
     }
+    counter!(LEDGER_DROPPED, "limiter" => l.clone(), "reason" => "dropped").increment(0);
 }
 
 /// The `limiter` label of one limiter's series.
