@@ -17,8 +17,9 @@ struct Units {
     last_us: u64,
     /// The write-back under way, if any: sent (or about to be) under `id`.
     sending: Option<Sending>,
-    /// [`Ledger::claim`] passes the entry by until then (µs since the
-    /// epoch): its write-back failed, see [`Ledger::hold`].
+    /// [`Ledger::claim`] passes the entry by until then (µs, on the clock
+    /// `claim` and `hold` are given): its write-back failed, see
+    /// [`Ledger::hold`].
     held_until_us: u64,
 }
 
@@ -151,8 +152,10 @@ impl Ledger {
     }
 
     /// Claims up to `n` entries for writing back, passing by those
-    /// [held](Self::hold) past `now_us`: each keeps its claim's id until
-    /// acknowledged, so one that failed is sent again under the same id.
+    /// [held](Self::hold) past `now_us` (on the clock holds are given in; a
+    /// monotonic one, so a wall clock stepped back does not lengthen them):
+    /// each keeps its claim's id until acknowledged, so one that failed is
+    /// sent again under the same id.
     pub fn claim(&self, n: usize, now_us: u64) -> Vec<Claim> {
         self.entries
             .keys_where(n, |u| u.held_until_us <= now_us)

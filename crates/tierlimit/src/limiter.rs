@@ -885,7 +885,7 @@ impl HybridLimiter {
         while started.elapsed() < timeout && !ledger.is_empty() {
             let claims = ledger.claim(
                 inner.reconciler.config.batch_size,
-                inner.clock.unix_micros(),
+                reconcile::hold_clock_us(inner),
             );
             let failed = claims.is_empty() || {
                 let sent = reconcile::send_batch(inner, &claims).await;

@@ -281,11 +281,20 @@ pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Sent {
 /// entries after them go first meanwhile (see
 /// [`Ledger::hold`](tierlimit_local::Ledger::hold)).
 fn hold(inner: &Inner, claims: &[Claim]) {
-    let wait = u64::try_from(inner.redis.deadline().as_micros()).unwrap_or(u64::MAX);
-    let until = inner.clock.unix_micros().saturating_add(wait);
+    let until = hold_clock_us(inner).saturating_add(micros(inner.redis.deadline()));
     for claim in claims {
         inner.local.ledger().hold(claim, until);
     }
+}
+
+/// The clock holds are timed on: the monotonic one, so a wall clock stepped
+/// back does not hold failed entries that much longer.
+pub(crate) fn hold_clock_us(inner: &Inner) -> u64 {
+    micros(inner.clock.now())
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// One drain: batches until the ledger is empty or the breaker leaves Closed.
@@ -304,10 +313,10 @@ async fn drain(inner: &Arc<Inner>) {
             );
             return;
         }
-        let claims = inner.local.ledger().claim(
-            inner.reconciler.config.batch_size,
-            inner.clock.unix_micros(),
-        );
+        let claims = inner
+            .local
+            .ledger()
+            .claim(inner.reconciler.config.batch_size, hold_clock_us(inner));
         if claims.is_empty() {
             break;
         }
