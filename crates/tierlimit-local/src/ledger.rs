@@ -325,8 +325,10 @@ impl Ledger {
     }
 
     /// When the oldest unit waiting was admitted (µs since the epoch, this
-    /// instance's clock); `None` when nothing waits. Scans every entry: for
-    /// gauges, not for checks.
+    /// instance's clock; for a GCRA or token-bucket entry, when its debt
+    /// began, later than its first unit when its bucket refilled whole in
+    /// between); `None` when nothing waits. Scans every entry: for gauges,
+    /// not for checks.
     pub fn oldest_us(&self) -> Option<u64> {
         self.entries.fold(None, |oldest: Option<u64>, _, u| {
             Some(oldest.map_or(u.first_us, |o| o.min(u.first_us)))
