@@ -191,6 +191,15 @@ impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
         self.map.iter().for_each(|e| f(e.key(), e.value()));
     }
 
+    /// Calls `f` on every entry, mutably (one shard locked at a time): for
+    /// changes that leave what the entry is charged unchanged.
+    pub(crate) fn for_each_mut(&self, mut f: impl FnMut(&K, &mut V)) {
+        self.map.iter_mut().for_each(|mut e| {
+            let (k, v) = e.pair_mut();
+            f(k, v)
+        });
+    }
+
     /// Folds over every entry (one shard locked at a time).
     pub(crate) fn fold<T>(&self, init: T, mut f: impl FnMut(T, &K, &V) -> T) -> T {
         self.map

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tierlimit_core::{Algorithm, LedgerEntry, Rule, owed_since_us, window_index};
+use tierlimit_core::{Algorithm, LedgerEntry, Rule, RuleSet, owed_since_us, window_index};
 
 use crate::bounded::{BoundedMap, ValueBytes};
 
@@ -219,6 +219,40 @@ impl Ledger {
             window,
             resent,
         })
+    }
+
+    /// Writes back what the rules of `set` owe under its rules from now on:
+    /// every entry of a key of `set` (its storage key's set and rule id) takes
+    /// the rule of that id in `set`, and `set`'s stripes. A storage key names
+    /// a rule's algorithm, period and UTC offset, not its limit or burst, so
+    /// an entry made before a reload changed those went on with the old ones
+    /// until its key admitted again; with a raised limit, its window's
+    /// write-back stopped at the old limit, and the units other instances had
+    /// pushed past it were lost.
+    pub fn retarget(&self, set: &RuleSet) {
+        // What follows a storage key's hash tag: `:<set>:<rule id>`.
+        let suffix = |storage_key: &str| -> Option<String> {
+            storage_key
+                .find('}')
+                .map(|end| storage_key[end + 1..].to_owned())
+        };
+        let by_suffix: Vec<(String, &Rule)> = set
+            .rules()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rule)| Some((suffix(&set.storage_key("k", i))?, rule)))
+            .collect();
+        self.entries.for_each_mut(|(storage_key, _), u| {
+            let Some(own) = suffix(storage_key) else {
+                return;
+            };
+            if let Some((_, rule)) = by_suffix.iter().find(|(s, _)| *s == own) {
+                if u.rule != **rule {
+                    u.rule = (*rule).clone();
+                }
+                u.stripes = set.stripes();
+            }
+        });
     }
 
     /// Redis applied `claim` (now or before): its units leave the ledger. Units

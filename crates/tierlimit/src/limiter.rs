@@ -1041,6 +1041,13 @@ impl Inner {
         let result = self.named.replace(sets);
         match &result {
             Ok(report) => {
+                for set in report
+                    .changed
+                    .iter()
+                    .filter_map(|name| self.named.get(name))
+                {
+                    self.local.rules_changed(&set);
+                }
                 self.labels.reload(true);
                 tracing::info!(
                     generation = report.generation,

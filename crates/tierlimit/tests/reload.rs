@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use support::{builder, healthy, trip};
 use tierlimit::{Algorithm, Error, Policy, Rule, RuleSet, Tier};
-use tierlimit_test::RedisServer;
+use tierlimit_test::{Fault, FaultProxy, RedisServer};
 
 const KEYS: usize = 4;
 const TASKS: usize = 2_000;
@@ -329,6 +329,40 @@ async fn the_local_tier_keeps_usage_across_a_reload_during_an_outage() {
         after_lower += u64::from(admit(&limiter, "u").await);
     }
     assert_eq!(after_lower, 0, "lowered to 5 with 25 used");
+}
+
+/// A limit raised by reload while units are owed: they are written back
+/// under the new limit. Under the old one (the entry's until its key admitted
+/// again), the window's write-back stopped at it, and once another instance
+/// had pushed the count past it the units were lost: Redis held 500, not 550.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let old = || daily(100, Policy::LocalFallback);
+    let new = || daily(1_000, Policy::LocalFallback);
+    let a = healthy(builder(&proxy.url()).rule_sets([old()])).await;
+    let b = healthy(builder(&server.url()).rule_sets([old()])).await;
+    proxy.set(Fault::Refuse);
+    let ping = RuleSet::new("ping", [Rule::per_second(1_000).expect("valid")])
+        .expect("valid")
+        .with_reconcile(false);
+    trip(&a, &ping).await;
+    for _ in 0..50 {
+        let d = a.check_by_name("api", "k", 1).await.expect("valid");
+        assert!(d.allowed && d.tier == Tier::Local, "{d:?}");
+    }
+    // Into the ledger, under the old rule, as the pruner moves them.
+    assert_eq!(a.local().ledger().units(), 50);
+    a.replace_rule_sets([new()]).expect("valid");
+    b.replace_rule_sets([new()]).expect("valid");
+    for _ in 0..500 {
+        assert!(admit(&b, "k").await, "b on Redis, under 1,000");
+    }
+    proxy.set(Fault::None);
+    support::drained(&a, Duration::from_secs(10)).await;
+    assert_eq!(redis_count(&server, &new(), "k").await, 550);
 }
 
 #[tokio::test]
