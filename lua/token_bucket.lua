@@ -49,15 +49,12 @@ local function token_bucket_load(key, now, limit, period, below_zero)
     return 0, now
   end
   used = min(used, MAX_REFILL_US * limit / period)
+  -- A client clock behind the last writer's (now <= at): no refill, keep
+  -- its ts.
   if now > at then
     -- Multiply before dividing: elapsed * limit is exact below 2^53.
-    local left = used - (now - at) * limit / period
-    if below_zero then
-      return left, now
-    end
-    return max(0, left), now
+    used, at = used - (now - at) * limit / period, now
   end
-  -- A client clock behind the last writer's: no refill, keep its ts.
   if below_zero then
     return used, at
   end

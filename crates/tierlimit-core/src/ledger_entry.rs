@@ -128,18 +128,46 @@ pub fn owed_since_us(rule: &Rule, first_us: u64, units: u64, more_us: u64) -> u6
         return more_us;
     }
     match rule.algorithm() {
+        // Rounded down: the start is then never earlier than exact, which
+        // would charge less.
         Algorithm::Gcra | Algorithm::TokenBucket => {
-            // The units' run, rounded down: the start is then never earlier
-            // than exact, which would charge less.
-            let (period, limit) = (rule.period_micros(), rule.limit().max(1));
-            let run = match units.checked_mul(period) {
-                Some(product) => product / limit,
-                None => u64::try_from(u128::from(units) * u128::from(period) / u128::from(limit))
-                    .unwrap_or(u64::MAX),
-            };
-            first_us.max(more_us.saturating_sub(run))
+            first_us.max(more_us.saturating_sub(run_us(rule, units, false)))
         }
         _ => first_us.min(more_us),
+    }
+}
+
+/// Where the run of a GCRA or token-bucket entry owed from `first_us` goes
+/// on once its first `units` are counted (written back, or left out as too
+/// old to matter): where those end, as [`owed_since_us`] charges them,
+/// rounded up, so what stays is charged no less than exact. `first_us` for
+/// the other algorithms, whose units keep their span.
+pub fn owed_after_us(rule: &Rule, first_us: u64, units: u64) -> u64 {
+    match rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            first_us.saturating_add(run_us(rule, units, true))
+        }
+        _ => first_us,
+    }
+}
+
+/// `units` back to back at the rule's emission interval (period ÷ limit),
+/// in µs, rounded `up` or down. Multiplied in u64 when that is exact (a
+/// local admission counts on every check), else in u128.
+fn run_us(rule: &Rule, units: u64, up: bool) -> u64 {
+    let (period, limit) = (rule.period_micros(), rule.limit().max(1));
+    match units.checked_mul(period) {
+        Some(product) if up => product.div_ceil(limit),
+        Some(product) => product / limit,
+        None => {
+            let product = u128::from(units) * u128::from(period);
+            let run = if up {
+                product.div_ceil(u128::from(limit))
+            } else {
+                product / u128::from(limit)
+            };
+            u64::try_from(run).unwrap_or(u64::MAX)
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tierlimit_core::{Algorithm, LedgerEntry, Rule, RuleSet, owed_since_us, window_index};
+use tierlimit_core::{LedgerEntry, Rule, RuleSet, owed_after_us, owed_since_us, window_index};
 
 use crate::bounded::{BoundedMap, ValueBytes};
 
@@ -230,25 +230,15 @@ impl Ledger {
     /// write-back stopped at the old limit, and the units other instances had
     /// pushed past it were lost.
     pub fn retarget(&self, set: &RuleSet) {
-        // What follows a storage key's hash tag: `:<set>:<rule id>`.
-        let suffix = |storage_key: &str| -> Option<String> {
-            storage_key
-                .find('}')
-                .map(|end| storage_key[end + 1..].to_owned())
-        };
-        let by_suffix: Vec<(String, &Rule)> = set
-            .rules()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, rule)| Some((suffix(&set.storage_key("k", i))?, rule)))
-            .collect();
         self.entries.for_each_mut(|(storage_key, _), u| {
-            let Some(own) = suffix(storage_key) else {
+            // What follows the key's hash tag: `:<set>:<rule id>`.
+            let Some(suffix) = storage_key.find('}').map(|end| &storage_key[end + 1..]) else {
                 return;
             };
-            if let Some((_, rule)) = by_suffix.iter().find(|(s, _)| *s == own) {
-                if u.rule != **rule {
-                    u.rule = (*rule).clone();
+            let mut rules = set.rules().iter().enumerate();
+            if let Some((_, rule)) = rules.find(|(i, _)| set.storage_key_suffix(*i) == suffix) {
+                if u.rule != *rule {
+                    u.rule = rule.clone();
                 }
                 u.stripes = set.stripes();
             }
@@ -281,7 +271,7 @@ impl Ledger {
                     let taken = take(&u, &sending);
                     // What stays is owed from where the units taken end,
                     // which may be after the last unit (the span must hold it).
-                    u.first_us = owed_after(&u.rule, u.first_us, taken);
+                    u.first_us = owed_after_us(&u.rule, u.first_us, taken);
                     u.last_us = u.last_us.max(u.first_us);
                     u.units -= taken;
                     u.sending = None;
@@ -370,23 +360,10 @@ impl Ledger {
     }
 }
 
-/// Where what a bucket rule's entry owes from `first_us` goes on once its
-/// first `taken` units are written back: where those end (the run
-/// [`owed_since_us`] charges them), rounded up: what stays is then charged
-/// no less than exact. The other algorithms' units keep their span.
-fn owed_after(rule: &Rule, first_us: u64, taken: u64) -> u64 {
-    match rule.algorithm() {
-        Algorithm::Gcra | Algorithm::TokenBucket => {
-            let run = (u128::from(taken) * u128::from(rule.period_micros()))
-                .div_ceil(u128::from(rule.limit().max(1)));
-            first_us.saturating_add(u64::try_from(run).unwrap_or(u64::MAX))
-        }
-        _ => first_us,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use tierlimit_core::Algorithm;
+
     use super::*;
 
     const S: u64 = 1_000_000;

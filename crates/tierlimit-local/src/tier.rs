@@ -1409,14 +1409,6 @@ impl LocalTier {
         self.move_all_owed();
         &self.ledger
     }
-
-    /// `set` replaces the set of its name (a reload): what its keys owe is
-    /// written back under its rules from now on (see [`Ledger::retarget`]).
-    /// What the buckets owe moves to the ledger first, under the rules it
-    /// was admitted with, so no bucket takes an entry back to the old ones.
-    pub fn rules_changed(&self, set: &RuleSet) {
-        self.ledger().retarget(set);
-    }
 }
 
 /// One rule's state for [`LocalTier::check_rules`]: when the set was denied,

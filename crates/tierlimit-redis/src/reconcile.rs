@@ -2,7 +2,8 @@
 
 use redis::{Cmd, RedisWrite, Value};
 use tierlimit_core::{
-    Algorithm, Error, LedgerEntry, RedisFailure, Result, stripe_share, stripe_storage_key,
+    Algorithm, Error, LedgerEntry, RedisFailure, Result, owed_after_us, stripe_share,
+    stripe_storage_key,
 };
 
 use crate::failure::classify_server;
@@ -232,7 +233,7 @@ const MARKER: &str = ":rc:";
 ///
 /// GCRA and the token bucket charge the units back to back from `first_us`
 /// (see [`owed_since_us`](tierlimit_core::owed_since_us)), so the newest
-/// start where the skipped ones' run ends; the other algorithms' units are
+/// start where the skipped ones' run ends ([`owed_after_us`]); the other algorithms' units are
 /// taken as spread evenly over `[first_us, last_us]`. Spread evenly, a
 /// burst's run came out short: 10 units at once and 10 more over the next
 /// second (10 a second) were written back as ending at 1.5 s, not 2 s.
@@ -241,21 +242,20 @@ fn newest_that_matter(entry: &LedgerEntry) -> (u64, u64) {
     if entry.units <= cap {
         return (entry.units, entry.first_us);
     }
-    let skipped = u128::from(entry.units - cap);
-    let shift = match entry.rule.algorithm() {
-        Algorithm::Gcra | Algorithm::TokenBucket => (skipped
-            * u128::from(entry.rule.period_micros()))
-        .div_ceil(u128::from(entry.rule.limit())),
+    let skipped = entry.units - cap;
+    let first = match entry.rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            owed_after_us(&entry.rule, entry.first_us, skipped)
+        }
         _ => {
             let span = u128::from(entry.last_us.saturating_sub(entry.first_us));
-            span * skipped / u128::from(entry.units - 1)
+            let shift = span * u128::from(skipped) / u128::from(entry.units - 1);
+            entry
+                .first_us
+                .saturating_add(u64::try_from(shift).unwrap_or(u64::MAX))
         }
     };
-    let first = entry
-        .first_us
-        .saturating_add(u64::try_from(shift).unwrap_or(u64::MAX))
-        .min(entry.last_us);
-    (cap, first)
+    (cap, first.min(entry.last_us))
 }
 
 /// One entry's reply. A server error that is the entry's own (the key holds

@@ -11,10 +11,10 @@
 //! Nor is the first count heard believed at once: in a fleet started
 //! together the first instance to beat sees 1, the next 2, and an outage
 //! before their next beats gave them the whole limit and half of it. A count
-//! is learned once a beat has answered at least a heartbeat interval after
-//! the first one, when every instance started with it has beaten too; until
-//! then a count heard above the one assumed narrows the shares (that is
-//! always safe), and nothing widens them.
+//! is learned once a beat has answered a while after the first one (the
+//! builder's choice: when every instance started with this one has beaten
+//! too); until then a count heard above the one assumed narrows the shares
+//! (that is always safe), and nothing widens them.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -32,7 +32,7 @@ pub(crate) struct InstanceCount {
     heard: Mutex<Heard>,
     ttl_us: u64,
     /// How long after the first count heard a count is believed.
-    learn_us: u64,
+    learn_after_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -49,19 +49,19 @@ impl InstanceCount {
         Self::with(n, Duration::ZERO, Duration::ZERO)
     }
 
-    /// A count learned from heartbeats `every` apart, `assumed` until one
-    /// answers `every` after the first (`None`: unknown).
-    pub(crate) fn learned(assumed: Option<u64>, ttl: Duration, every: Duration) -> Self {
-        Self::with(assumed.unwrap_or(UNKNOWN), ttl, every)
+    /// A count learned from heartbeats, `assumed` until one answers
+    /// `learn_after` after the first (`None`: unknown).
+    pub(crate) fn learned(assumed: Option<u64>, ttl: Duration, learn_after: Duration) -> Self {
+        Self::with(assumed.unwrap_or(UNKNOWN), ttl, learn_after)
     }
 
-    fn with(n: u64, ttl: Duration, every: Duration) -> Self {
+    fn with(n: u64, ttl: Duration, learn_after: Duration) -> Self {
         let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         InstanceCount {
             current: AtomicU64::new(n),
             heard: Mutex::new(Heard::default()),
             ttl_us: us(ttl),
-            learn_us: us(every),
+            learn_after_us: us(learn_after),
         }
     }
 
@@ -99,7 +99,7 @@ impl InstanceCount {
         counts.push_back((now_us, count));
         let max = counts.front().map_or(count, |&(_, n)| n);
         let current = self.current.load(Ordering::Relaxed);
-        let used = if now_us.saturating_sub(first) >= self.learn_us {
+        let used = if now_us.saturating_sub(first) >= self.learn_after_us {
             max
         } else if current == UNKNOWN {
             UNKNOWN
@@ -117,13 +117,14 @@ mod tests {
 
     const S: u64 = 1_000_000;
 
-    // Regression: after Redis restarted empty, the heartbeat answered 1, then 2,
-    // and the instance used those as its count, so a second outage in that
-    // second gave it the whole limit or half of it as its local share.
+    /// Learned from the first count heard.
     fn learned(assumed: Option<u64>) -> InstanceCount {
         InstanceCount::learned(assumed, Duration::from_secs(30), Duration::ZERO)
     }
 
+    // Regression: after Redis restarted empty, the heartbeat answered 1, then 2,
+    // and the instance used those as its count, so a second outage in that
+    // second gave it the whole limit or half of it as its local share.
     #[test]
     fn the_count_never_falls_faster_than_the_ttl() {
         let count = learned(None);

@@ -1041,12 +1041,17 @@ impl Inner {
         let result = self.named.replace(sets);
         match &result {
             Ok(report) => {
+                // What their keys owe is written back under the new rules.
+                // `ledger()` moves what the buckets owe there first, under
+                // the rules it was admitted with, so no bucket takes an
+                // entry back to the old ones.
+                let ledger = self.local.ledger();
                 for set in report
                     .changed
                     .iter()
                     .filter_map(|name| self.named.get(name))
                 {
-                    self.local.rules_changed(&set);
+                    ledger.retarget(&set);
                 }
                 self.labels.reload(true);
                 tracing::info!(

@@ -282,8 +282,9 @@ pub(crate) async fn send_batch(inner: &Inner, claims: &[Claim]) -> Sent {
 /// [`Ledger::hold`](tierlimit_local::Ledger::hold)).
 fn hold(inner: &Inner, claims: &[Claim]) {
     let until = hold_clock_us(inner).saturating_add(micros(inner.redis.deadline()));
+    let ledger = inner.local.ledger();
     for claim in claims {
-        inner.local.ledger().hold(claim, until);
+        ledger.hold(claim, until);
     }
 }
 
