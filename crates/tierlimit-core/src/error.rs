@@ -115,6 +115,15 @@ pub enum Error {
         /// The rule's algorithm.
         algorithm: Algorithm,
     },
+    /// A calendar window (a UTC offset) whose period does not divide a day
+    /// evenly, so its windows could not all start at local midnight.
+    #[error(
+        "a calendar window's period must divide a day evenly (like 15 min, 1 h or 1 day), not {period:?}"
+    )]
+    CalendarPeriod {
+        /// The rule's period.
+        period: Duration,
+    },
     /// A UTC offset of a day or more, or not a whole number of seconds.
     #[error(
         "UTC offset must be a whole number of seconds strictly within one day (got {seconds} s)"

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// A day in µs: calendar windows divide it.
+pub(crate) const DAY_US: u64 = 86_400_000_000;
+
 /// Largest integer a Lua number (an IEEE double) holds exactly.
 pub const MAX_EXACT: u64 = 1 << 53;
 
@@ -148,6 +151,10 @@ pub struct Rule {
     algorithm: Algorithm,
     burst: Option<u64>,
     utc_offset_s: i32,
+    /// Set by [`with_utc_offset`](Rule::with_utc_offset), UTC itself
+    /// included: the rule asked for calendar windows, which only the fixed
+    /// window has (an offset of 0 alone could not tell).
+    calendar: bool,
 }
 
 impl Rule {
@@ -215,6 +222,7 @@ impl Rule {
             algorithm: Algorithm::Gcra,
             burst: None,
             utc_offset_s: 0,
+            calendar: false,
         }
         .validated()
     }
@@ -245,6 +253,7 @@ impl Rule {
             })?;
         Rule {
             utc_offset_s,
+            calendar: true,
             ..self
         }
         .validated()
@@ -273,9 +282,14 @@ impl Rule {
                 max: MAX_SLIDING_LOG_LIMIT,
             });
         }
-        if self.utc_offset_s != 0 && self.algorithm != Algorithm::FixedWindow {
+        if self.calendar && self.algorithm != Algorithm::FixedWindow {
             return Err(Error::CalendarNeedsFixedWindow {
                 algorithm: self.algorithm,
+            });
+        }
+        if self.calendar && !DAY_US.is_multiple_of(self.period_us) {
+            return Err(Error::CalendarPeriod {
+                period: self.period(),
             });
         }
         if self.algorithm.has_burst() && self.limit > self.period_us {
@@ -327,6 +341,12 @@ impl Rule {
     /// The UTC offset of fixed windows, in seconds.
     pub fn utc_offset_secs(&self) -> i32 {
         self.utc_offset_s
+    }
+
+    /// Whether the rule counts calendar windows (a UTC offset was given, UTC
+    /// itself included).
+    pub(crate) fn is_calendar(&self) -> bool {
+        self.calendar
     }
 
     /// The most units one request can ever take: the burst for GCRA and the token

@@ -8,9 +8,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::rule::DAY_US;
 use crate::{Algorithm, Rule};
-
-const DAY_US: u64 = 86_400_000_000;
 
 /// The units every period and duration may be written in, with their length in µs.
 const UNITS: &[(&str, u64)] = &[

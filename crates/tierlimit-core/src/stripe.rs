@@ -131,7 +131,7 @@ impl Rule {
         if let Some(burst) = self.burst() {
             share = share.with_burst(stripe_share(burst, stripes, stripe % stripes))?;
         }
-        if self.utc_offset_secs() != 0 {
+        if self.is_calendar() {
             share = share.with_utc_offset(i64::from(self.utc_offset_secs()))?;
         }
         Ok(share)

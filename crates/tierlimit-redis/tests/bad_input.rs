@@ -229,7 +229,39 @@ fn utc_offset_on_other_algorithms() {
             matches!(r.with_utc_offset(3600), Err(Error::CalendarNeedsFixedWindow { algorithm: a }) if a == algorithm),
             "{algorithm:?}"
         );
+        // UTC itself is a calendar window, in either order of the calls.
+        let r = rule(algorithm, 10, Duration::from_secs(3600));
+        assert!(
+            matches!(
+                r.with_utc_offset(0),
+                Err(Error::CalendarNeedsFixedWindow { .. })
+            ),
+            "{algorithm:?} at UTC"
+        );
+        let calendar = Rule::per_natural_day(10, 0).expect("a UTC day");
+        assert!(
+            matches!(
+                calendar.with_algorithm(algorithm),
+                Err(Error::CalendarNeedsFixedWindow { .. })
+            ),
+            "a UTC day made {algorithm:?}"
+        );
     }
+}
+
+#[test]
+fn a_calendar_period_divides_a_day() {
+    let seven_hours = rule(Algorithm::FixedWindow, 10, Duration::from_secs(7 * 3600));
+    assert!(matches!(
+        seven_hours.clone().with_utc_offset(3600),
+        Err(Error::CalendarPeriod { period }) if period == Duration::from_secs(7 * 3600)
+    ));
+    assert!(matches!(
+        seven_hours.with_utc_offset(0),
+        Err(Error::CalendarPeriod { .. })
+    ));
+    let six_hours = rule(Algorithm::FixedWindow, 10, Duration::from_secs(6 * 3600));
+    assert!(six_hours.with_utc_offset(3600).is_ok());
 }
 
 #[test]

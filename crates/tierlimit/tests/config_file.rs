@@ -955,6 +955,19 @@ fn other_rule_combinations_name_their_field() {
         "rule_sets.a.rules[0].algorithm",
         "needs algorithm = \"fixed-window\"",
     );
+    // UTC is a calendar window too: an offset of 0 is no reason to drop it.
+    refused(
+        &with_url("[rule_sets.a]\nrules = [{ rate = \"10/day@UTC\", algorithm = \"gcra\" }]\n"),
+        "rule_sets.a.rules[0].algorithm",
+        "needs algorithm = \"fixed-window\"",
+    );
+    refused(
+        &with_url(
+            "[rule_sets.a]\nrules = [{ limit = 10, per = \"1d\", utc_offset = \"UTC\", algorithm = \"sliding-window\" }]\n",
+        ),
+        "rule_sets.a.rules[0].utc_offset",
+        "needs algorithm = \"fixed-window\"",
+    );
     refused(
         &with_url(
             "[rule_sets.a]\nrules = [{ limit = 5, per = \"7h\", utc_offset = \"+08:00\" }]\n",
