@@ -133,16 +133,18 @@ if code == 1 or code == 2 then
     -- unless the burst is not the limit): nothing of them is left.
     status, applied = 2, 0
   else
-    local ttl = new_rel
     if new_rel <= 0 then
-      -- They refilled, but where they end is kept, in the past (a full
-      -- bucket to checks), until a full refill after it: the other
-      -- instances' units of the same outage stack after them. Alone, each
-      -- instance's units read as refilled, and a fleet that spent the
-      -- bucket between them got it back whole.
+      -- They refilled: none applied.
       status, applied = 2, 0
-      ttl = full + new_rel
     end
+    -- Where they end is kept until a full refill after it, once in the
+    -- past too (a full bucket to checks): the other instances' units of
+    -- the same outage stack after them, however late each writes back.
+    -- Alone, each instance's units read as refilled, and a fleet that
+    -- spent the bucket between them got it back whole. (A check admitted
+    -- meanwhile keeps the key only until its own refill: a write-back after
+    -- both starts from its own units again.)
+    local ttl = full + new_rel
     if ttl > 0 then
       if code == 1 then
         gcra_store(key, now, new_rel, limit, ttl)

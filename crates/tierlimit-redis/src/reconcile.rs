@@ -53,7 +53,10 @@ impl<'a> WriteBack<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Written {
-    /// Written now: this many units (capped by the script at one window's worth).
+    /// Written now: this many units. The counting algorithms answer the
+    /// units they counted (a window's count or a sliding log short of room,
+    /// or a log's units that already left its window, take fewer); GCRA and
+    /// the token bucket answer every unit, their debt capped at a full bucket.
     Applied(u64),
     /// This id was applied to this key before (a re-sent write-back).
     AlreadyApplied,

@@ -278,3 +278,43 @@ async fn a_sliding_log_short_of_room_keeps_the_newest_units() {
         "{scores:?}"
     );
 }
+
+/// Where a write-back that leaves its bucket short ends is kept until a
+/// full refill after it, as a refilled one's is: the next instance's units
+/// of the same outage stack after it, however late they come. It was kept
+/// only until the bucket was full again, and an instance writing back after
+/// that found the key gone: its units read as refilled, and a bucket the
+/// fleet spent twice over came back full.
+#[tokio::test]
+async fn a_write_back_that_leaves_its_bucket_short_is_kept_for_the_next_to_stack() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(NOW_US);
+    let tier = client_time_tier(&server.url(), Arc::new(clock.clone()));
+    // How long the second instance writes back after the first: the server
+    // expires keys on its own clock, so this is real time.
+    let later = Duration::from_millis(50);
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let label = format!("{algorithm:?}");
+        let r = rule(algorithm, 60, Duration::from_secs(60));
+        let set = set(&format!("short{}", algorithm.code()), [r.clone()]);
+        // 20 units a second apart from here end 1 ms after now: the bucket
+        // is short by 1 ms when the first instance writes them back.
+        let at = clock.unix_micros() - 19_999_000;
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 20, at, at);
+        let first = write_back(&tier, &format!("s{}-a", algorithm.code()), &[entry]).await;
+        assert_eq!(first.applied_units, 20, "{label}");
+        tokio::time::sleep(later).await;
+        clock.advance(later);
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r, 20, at, at);
+        let second = write_back(&tier, &format!("s{}-b", algorithm.code()), &[entry]).await;
+        assert_eq!(
+            (second.applied_units, second.expired),
+            (20, 0),
+            "{label}: stacked after the first"
+        );
+        // 20 s less 50 ms of the second instance's units still owed: one
+        // more check leaves 60 - 20 - 1.
+        let v = tier.check("k", &set, 1).await.expect("check");
+        assert_eq!(v.decision.remaining, 39, "{label}");
+    }
+}
