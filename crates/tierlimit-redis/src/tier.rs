@@ -113,7 +113,8 @@ struct Inner {
     replacing: AtomicBool,
     replaced: AtomicU64,
     /// The reconcile script was loaded on the server since the connections
-    /// were last dropped (every probe drops them) and no script call met
+    /// were last dropped or replaced (every probe drops them), and since then
+    /// no call failed on its connection (a restart) and no script call met
     /// `NOSCRIPT` (the server lost its scripts); see [`RedisTier::check_after`].
     reconcile_loaded: AtomicBool,
     /// Functions or scripts (`MODE_*`): chosen by the first call on a
@@ -923,8 +924,8 @@ impl RedisTier {
         // loads it) but maybe not the reconcile script: the pipeline would get
         // NOSCRIPT for the write-backs only, run the check, and re-send them
         // after it. So the reconcile script is loaded first, once per
-        // connection and again after any call met NOSCRIPT, under the same
-        // deadline as the pipeline. (The library
+        // connection and again after any call met NOSCRIPT or failed on its
+        // connection, under the same deadline as the pipeline. (The library
         // holds both: with Functions, both are there or neither.)
         let loaded = &self.inner.reconcile_loaded;
         let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
@@ -1128,6 +1129,7 @@ impl RedisTier {
                 Ok(Ok(fresh)) => {
                     inner.conn.store(Some(Arc::new(fresh)));
                     inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
+                    inner.reconcile_loaded.store(false, Ordering::Release);
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
                     tracing::info!("replaced the Redis connection");
                 }
@@ -1378,7 +1380,15 @@ impl RedisTier {
         };
         let outcome = match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(Failure::Redis(e)),
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    // The server may have restarted, its scripts lost: a
+                    // restart breaks every connection, and another instance
+                    // may meet the NOSCRIPT that would have told this one.
+                    self.inner.reconcile_loaded.store(false, Ordering::Release);
+                }
+                Err(Failure::Redis(e))
+            }
             Err(_) => Err(Failure::Timeout),
         };
         if self.inner.nodes.take_moved() {

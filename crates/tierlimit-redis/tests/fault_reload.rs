@@ -307,3 +307,68 @@ async fn a_check_after_a_script_flush_counts_its_write_backs_first() {
         "10 - 5 written back - 1: the check ran before its write-backs"
     );
 }
+
+/// The same after a restart that another instance noticed first: it met
+/// `NOSCRIPT` and reloaded the check script, so this tier's next check
+/// found its script and only the write-backs beside it did not. The tier
+/// now forgets that the reconcile script was loaded whenever its
+/// connection fails (a restart always breaks it), not only on `NOSCRIPT`.
+#[tokio::test]
+async fn a_check_after_a_restart_another_instance_saw_first_counts_its_write_backs_first() {
+    let mut args = RedisServer::acl_user("scripts-only", "pw");
+    args.extend(["-function", "-fcall", "-fcall_ro"].map(String::from));
+    let mut server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let url = server.url_as("scripts-only", "pw");
+    let (this, other) = (tier(&url), tier(&url));
+    let r = Rule::per_hour(10).expect("valid");
+    let set = set("restart", [r.clone()]);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    };
+    let write = |key: &str, units| {
+        let at = now();
+        LedgerEntry::new(storage_key(&set, key, 0), r.clone(), units, at, at)
+    };
+    // A first check finds the tier runs scripts; one with a write-back then
+    // loads the reconcile script.
+    this.check("first", &set, 1).await.expect("a healthy check");
+    let warm = write("warm", 1);
+    this.check_after("warm", &set, 1, &[WriteBack::new("w-0", &warm)])
+        .await
+        .expect("a healthy check");
+    assert_eq!(this.script_mode(), Some(ScriptMode::Scripts));
+    server.restart();
+    // The other instance's check meets NOSCRIPT and reloads the check script.
+    let end = Instant::now() + Duration::from_secs(5);
+    while other.check("other", &set, 1).await.is_err() {
+        assert!(
+            Instant::now() < end,
+            "the other tier did not reach the restarted server in 5 s"
+        );
+    }
+    // This tier's calls fail until its connection is made again (the checks
+    // a limiter would decide locally, hence the write-back).
+    let owed = write("k", 5);
+    let end = Instant::now() + Duration::from_secs(5);
+    let (verdict, written) = loop {
+        match this
+            .check_after("k", &set, 1, &[WriteBack::new("w-1", &owed)])
+            .await
+        {
+            Ok(answer) => break answer,
+            Err(e) => {
+                assert!(
+                    Instant::now() < end,
+                    "no answer in 5 s after the restart: {e}"
+                )
+            }
+        }
+    };
+    assert_eq!(written[0].as_ref().expect("written"), &Written::Applied(5));
+    assert_eq!(
+        verdict.decision.remaining, 4,
+        "10 - 5 written back - 1: the check ran before its write-backs"
+    );
+}
