@@ -881,7 +881,13 @@ impl RedisTier {
         let (result, check_vote) = if self.inner.backend.is_cluster() {
             self.check_after_on_cluster(key, set, cost, writes).await
         } else {
-            (self.check_after_on_one(key, set, cost, writes).await, None)
+            // One deadline for all of it: a striped write-back's spill and
+            // a striped check's further stripes are round trips of their own.
+            let all = self.check_after_on_one(key, set, cost, writes);
+            let result = tokio::time::timeout(self.inner.deadline, all)
+                .await
+                .unwrap_or_else(|_| Err(timeout()));
+            (result, None)
         };
         let counts_call = match &result {
             Ok(_) => true,

@@ -3,8 +3,10 @@
 //! heartbeat, and a first call that still has to connect) fails with a Timeout
 //! within deadline + 20 ms (less what a stall of the whole machine at its end
 //! explains: `tierlimit_test::StallWatch`). Also: a tier made while Redis
-//! refuses connections works on the very next call once it accepts them, and
-//! `replace_connection` recovers from a socket that will never answer again.
+//! refuses connections works on the very next call once it accepts them,
+//! `replace_connection` recovers from a socket that will never answer again,
+//! and a check carrying write-backs keeps its deadline over every round trip
+//! it makes.
 
 mod support;
 
@@ -168,4 +170,50 @@ async fn replace_connection_recovers_a_dead_socket() {
         let v = tier.check("k", &set, 1).await;
         assert!(v.is_ok(), "check {i} on the fresh connection: {v:?}");
     }
+}
+
+/// A check that carries write-backs answers within its deadline too when a
+/// striped write-back spills what a full stripe refused: the spill's round
+/// trip came on top of the pipeline's, under a deadline of its own, and the
+/// check answered after both. Here each round trip takes at least 40 ms of
+/// a 50 ms deadline (the proxy holds each direction 20 ms), so the check,
+/// whose stripe 0 is full, cannot finish in time: it must time out at its
+/// deadline, not answer at 80 ms or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let tier = fast_tier(&proxy.url());
+    let whole = Rule::per_hour(100)
+        .expect("valid")
+        .with_algorithm(tierlimit_core::Algorithm::FixedWindow)
+        .expect("valid");
+    let set = set("spill", [whole.clone()])
+        .with_stripes(4)
+        .expect("4 stripes fit");
+    // Stripe 0 (the key itself) full at its share, 25.
+    let stripe0 = set.stripe(0).expect("stripe 0");
+    for _ in 0..25 {
+        let v = tier.check("hot", stripe0, 1).await.expect("healthy check");
+        assert!(v.decision.allowed);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    // 40 units, 10 per stripe: stripe 0 refuses its 10, which spill.
+    let entry =
+        tierlimit_core::LedgerEntry::new(support::storage_key(&set, "hot", 0), whole, 40, now, now)
+            .with_stripes(4);
+    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(20))));
+    times_out(
+        "a check after a spilling write-back",
+        tier.check_after(
+            "hot",
+            &set,
+            1,
+            &[tierlimit_redis::WriteBack::new("wb", &entry)],
+        ),
+    )
+    .await;
 }
