@@ -285,6 +285,12 @@ impl Batcher {
         state.generation += 1;
     }
 
+    /// Script calls of checks under way.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().in_flight
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves a consistent state (every
         // change above is one step), so a poisoned lock is used as is.

@@ -340,7 +340,7 @@ impl RedisTier {
         match entry {
             Entry::Send => {
                 let _flight = Flight {
-                    tier: self,
+                    tier: Cow::Borrowed(self),
                     batcher,
                     checks: 1,
                 };
@@ -418,14 +418,16 @@ impl RedisTier {
     fn spawn_batch(&self, batch: Vec<Queued>, batcher: Arc<Batcher>) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let tier = self.clone();
+                // Made before the task, so the call is ended even when the
+                // task is dropped unpolled (its runtime shutting down).
+                let flight = Flight {
+                    tier: Cow::Owned(self.clone()),
+                    batcher: Cow::Owned(batcher),
+                    checks: batch.len(),
+                };
                 runtime.spawn(async move {
-                    let _flight = Flight {
-                        tier: &tier,
-                        batcher: Cow::Owned(batcher),
-                        checks: batch.len(),
-                    };
-                    tier.send_batch(batch).await;
+                    flight.tier.send_batch(batch).await;
+                    drop(flight);
                 });
             }
             Err(_) => batcher.abandon(batch.len()),
@@ -1645,7 +1647,7 @@ impl Drop for QueueStarter<'_> {
 /// A call of `checks` checks in flight: when it ends, however it ends (its
 /// future dropped included), the checks queued meanwhile are sent.
 struct Flight<'a> {
-    tier: &'a RedisTier,
+    tier: Cow<'a, RedisTier>,
     batcher: Cow<'a, Arc<Batcher>>,
     checks: usize,
 }
@@ -1983,6 +1985,46 @@ mod tests {
     use super::*;
     use tierlimit_core::Rule;
     use tierlimit_test::RedisServer;
+
+    /// A batch's task dropped before its first poll (its runtime shut down)
+    /// still ends its call. The call's count stayed, and once two had
+    /// leaked no check of the tier went at once again: each waited for its
+    /// queue to be flushed.
+    #[test]
+    fn a_batch_dropped_unpolled_ends_its_call() {
+        let tier = RedisTier::new(RedisTierConfig::new("redis://127.0.0.1:1/")).expect("valid");
+        let batcher = Arc::clone(&tier.inner.batcher);
+        let set = RuleSet::new("b", [Rule::per_second(10).expect("valid")]).expect("valid");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let answer = runtime.block_on(async {
+            for _ in 0..crate::batch::EAGER_CALLS {
+                let entry = batcher.enter(|_| unreachable!("a lone call is not queued"));
+                assert!(matches!(entry, Entry::Send));
+            }
+            let Entry::Wait { rx, .. } = batcher.enter(|tx| Queued {
+                escaped: "k".into(),
+                set: set.clone(),
+                cost: 1,
+                now: 0,
+                nonce: 0,
+                deadline: tokio::time::Instant::now() + Duration::from_secs(1),
+                tx,
+            }) else {
+                panic!("a third check waits");
+            };
+            // One lone call ends: the queue goes in a task of its own, which
+            // this runtime never polls.
+            let next = batcher.done(1).expect("the queued check");
+            tier.spawn_batch(next, Arc::clone(&batcher));
+            rx
+        });
+        drop(runtime);
+        assert_eq!(batcher.in_flight(), 1, "the other lone call only");
+        drop(answer);
+    }
 
     /// Without the `tls` feature a `rediss://` URL is a configuration error at
     /// construction that names the feature, not a failure at the first check.
