@@ -27,6 +27,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tierlimit_core::{Result, RuleSet, validate_and_escape_key};
 use tokio::sync::oneshot;
@@ -106,8 +107,36 @@ pub struct Checked<T = Verdict> {
     /// reports itself. False for every check of a call that failed on one
     /// Cluster master while another answers: that master's fault, not the
     /// deployment's. False for bad input and for a check answered unsent
-    /// ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)): no call.
+    /// ([`NodeDown`](tierlimit_core::RedisFailure::NodeDown)): no call. A
+    /// call whose reporting check its caller dropped goes to the hook of
+    /// [`RedisTier::on_unheard`](crate::RedisTier::on_unheard) instead.
     pub counts_call: bool,
+}
+
+/// A check's call that no check's [`Checked::counts_call`] reported,
+/// because the caller dropped the check first (an outer timeout, a client
+/// gone): handed to the hook set with
+/// [`RedisTier::on_unheard`](crate::RedisTier::on_unheard), so a circuit
+/// breaker still hears of every call. Without it, callers that give up
+/// sooner than the deadline would hide a hung server from the breaker.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Unheard {
+    /// A batch's call ended after `latency`, and the check that was to
+    /// report it had been dropped: `Ok` when the server answered, else the
+    /// error every check of it met.
+    Ended {
+        /// How long the call took.
+        latency: Duration,
+        /// How it ended.
+        result: Result<()>,
+    },
+    /// A check's own call was dropped by its caller `after` this long,
+    /// unanswered so far: how it would have ended is unknown.
+    Abandoned {
+        /// How long the call had been under way.
+        after: Duration,
+    },
 }
 
 /// Calls of checks that may be in flight before checks start to queue. Two,

@@ -101,7 +101,7 @@ mod stripe;
 mod tier;
 mod verdict;
 
-pub use batch::{CheckKey, Checked};
+pub use batch::{CheckKey, Checked, Unheard};
 pub use config::{RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{

@@ -4,8 +4,8 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -17,7 +17,9 @@ use tierlimit_core::{
     validate_key,
 };
 
-use crate::batch::{Batcher, CheckKey, Checked, Entry, QUEUE_WAIT_SHARE, Queued, reporter};
+use crate::batch::{
+    Batcher, CheckKey, Checked, Entry, QUEUE_WAIT_SHARE, Queued, Unheard, reporter,
+};
 use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slot, seed_urls};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
@@ -128,7 +130,12 @@ struct Inner {
     nodes: Arc<Nodes>,
     /// A task reads the slot map again (see [`RedisTier::refresh_slots`]).
     refreshing: AtomicBool,
+    /// Hears of the calls no check reported (see [`RedisTier::on_unheard`]).
+    unheard: OnceLock<UnheardHook>,
 }
+
+/// What [`RedisTier::on_unheard`] sets.
+type UnheardHook = Box<dyn Fn(Unheard) + Send + Sync>;
 
 /// Why a call failed, kept unconverted so one failure can be reported to every
 /// item of a batch.
@@ -190,8 +197,25 @@ impl RedisTier {
                 batcher: Arc::new(Batcher::new(config.max_batch)),
                 nodes: Arc::new(Nodes::new(NODE_DOWN_FOR)),
                 refreshing: AtomicBool::new(false),
+                unheard: OnceLock::new(),
             }),
         })
+    }
+
+    /// Sets `hook` to hear of every check's call that no
+    /// [`Checked::counts_call`] reported because the caller dropped its
+    /// check first (see [`Unheard`]), so a circuit breaker fed by both
+    /// hears of every call. Called on the task that ended the call or
+    /// dropped the check: keep it short. Set once: false when a hook was set
+    /// already (this one is dropped).
+    pub fn on_unheard(&self, hook: impl Fn(Unheard) + Send + Sync + 'static) -> bool {
+        self.inner.unheard.set(Box::new(hook)).is_ok()
+    }
+
+    fn unheard(&self, unheard: Unheard) {
+        if let Some(hook) = self.inner.unheard.get() {
+            hook(unheard);
+        }
     }
 
     /// True when this tier talks to a Redis Cluster (`redis+cluster://`).
@@ -389,11 +413,13 @@ impl RedisTier {
         let head = self.head(Routine::Check);
         let cmd = &command::check(head, set, escaped, now, cost, nonce);
         let slot = self.slot_of_check(escaped);
+        let under_way = UnderWay::new(self);
         let call = self
             .call_slot(&self.inner.conn, self.inner.deadline, slot, |conn| {
                 send_refused_once(conn, |c| self.run(c, cmd, slot))
             })
             .await;
+        under_way.ended();
         Checked {
             counts_call: call.speaks,
             result: call
@@ -500,6 +526,7 @@ impl RedisTier {
         } else {
             left
         };
+        let began = tokio::time::Instant::now();
         let speaks;
         let results: Vec<Result<Verdict>> = if let [q] = batch.as_slice() {
             let head = self.head(Routine::Check);
@@ -546,11 +573,19 @@ impl RedisTier {
         let reports = reporter(&results);
         let counts = results.get(reports).is_some_and(|r| r.is_ok() || speaks);
         for (i, (q, result)) in batch.into_iter().zip(results).enumerate() {
-            // A caller that gave up meanwhile dropped its receiver: nothing to do.
-            let _ = q.tx.send(Checked {
+            let reporter = counts && i == reports;
+            // A caller that gave up meanwhile dropped its receiver: the
+            // call's report, if it carried it, goes to the hook.
+            if let Err(unsent) = q.tx.send(Checked {
                 result,
-                counts_call: counts && i == reports,
-            });
+                counts_call: reporter,
+            }) && reporter
+            {
+                self.unheard(Unheard::Ended {
+                    latency: began.elapsed(),
+                    result: unsent.result.map(drop),
+                });
+            }
         }
     }
 
@@ -880,6 +915,7 @@ impl RedisTier {
         // On a Cluster, the master the write-backs and the check go to (they
         // share the key's hash tag); `None` on one server.
         let master = self.sent_to(self.slot_of_check(key.escaped()));
+        let under_way = UnderWay::new(self);
         let (result, check_vote) = if self.inner.backend.is_cluster() {
             self.check_after_on_cluster(key, set, cost, writes).await
         } else {
@@ -891,6 +927,7 @@ impl RedisTier {
                 .unwrap_or_else(|_| Err(timeout()));
             (result, None)
         };
+        under_way.ended();
         let counts_call = match &result {
             Ok(_) => true,
             Err(e) if !was_sent(e) => false,
@@ -1660,6 +1697,40 @@ impl Drop for Flight<'_> {
     }
 }
 
+/// A check's own call under way, in its caller's future: a caller that
+/// drops the check before the call ends leaves the call unreported, so it is
+/// handed to the [`Unheard`] hook as abandoned.
+struct UnderWay<'a> {
+    tier: &'a RedisTier,
+    since: std::time::Instant,
+    ended: bool,
+}
+
+impl<'a> UnderWay<'a> {
+    fn new(tier: &'a RedisTier) -> Self {
+        UnderWay {
+            tier,
+            since: std::time::Instant::now(),
+            ended: false,
+        }
+    }
+
+    /// The call ended: its check reports it.
+    fn ended(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.tier.unheard(Unheard::Abandoned {
+                after: self.since.elapsed(),
+            });
+        }
+    }
+}
+
 /// Resets a flag when the task holding it ends, however it ends.
 struct ClearOnDrop<'a>(&'a AtomicBool);
 
@@ -1999,7 +2070,9 @@ mod tests {
             .enable_all()
             .build()
             .expect("a runtime");
-        let answer = runtime.block_on(async {
+        // The queued check's receiver, kept open until the end.
+        let mut waiting = None;
+        runtime.block_on(async {
             for _ in 0..crate::batch::EAGER_CALLS {
                 let entry = batcher.enter(|_| unreachable!("a lone call is not queued"));
                 assert!(matches!(entry, Entry::Send));
@@ -2019,11 +2092,11 @@ mod tests {
             // this runtime never polls.
             let next = batcher.done(1).expect("the queued check");
             tier.spawn_batch(next, Arc::clone(&batcher));
-            rx
+            waiting = Some(rx);
         });
         drop(runtime);
         assert_eq!(batcher.in_flight(), 1, "the other lone call only");
-        drop(answer);
+        drop(waiting);
     }
 
     /// Without the `tls` feature a `rediss://` URL is a configuration error at

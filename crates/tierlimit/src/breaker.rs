@@ -211,6 +211,11 @@ impl Breaker {
         state_of(self.word.load(Ordering::Acquire))
     }
 
+    /// How long a call must take to count as slow.
+    pub(crate) fn slow_call_threshold(&self) -> Duration {
+        self.config.slow_call_threshold
+    }
+
     /// True only when Closed: whether a check may call Redis. Ask before any I/O.
     #[inline]
     pub(crate) fn allows_request(&self) -> bool {

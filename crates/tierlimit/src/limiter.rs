@@ -11,7 +11,7 @@ use tierlimit_core::{
     Clock, Decision, Error, Policy, Result, Rule, RuleSet, RuleState, SystemClock, Tier,
 };
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
-use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, redact_url};
+use tierlimit_redis::{CheckKey, RedisTier, RedisTierConfig, TimeSource, Unheard, redact_url};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -389,6 +389,13 @@ impl HybridLimiterBuilder {
             #[cfg(feature = "config")]
             built_from: std::sync::OnceLock::new(),
             labels,
+        });
+        // Calls whose checks their callers dropped reach the breaker too.
+        let weak = Arc::downgrade(&inner);
+        inner.redis.on_unheard(move |unheard| {
+            if let Some(inner) = weak.upgrade() {
+                inner.hear(unheard);
+            }
         });
         metrics::describe();
         metrics::zero_series(&inner.labels);
@@ -811,9 +818,8 @@ impl HybridLimiter {
         inner.labels.redis_call(latency.as_secs_f64());
         match result {
             Ok(verdict) => {
-                if counts_call && inner.breaker.record_success(latency).is_some() {
-                    // Slow answers tripped it: the prober waits for this.
-                    inner.wake.notify_one();
+                if counts_call {
+                    inner.record_call(latency, None);
                 }
                 // Checks decided locally in the outage this call was sent in
                 // (calls that failed while the breaker stayed Closed) are an
@@ -843,8 +849,7 @@ impl HybridLimiter {
             Err(e) if e.is_bad_input() => Err(e),
             Err(e) => {
                 if counts_call {
-                    let outcome = inner.breaker.record_failure(latency, e.is_timeout());
-                    inner.after_failure(outcome);
+                    inner.record_call(latency, Some(e.is_timeout()));
                 }
                 let mut decision = inner.fallback(escaped, rule_set, cost, rules);
                 decision.redis_failure = e.redis_failure();
@@ -1092,6 +1097,43 @@ impl Inner {
     fn count(&self, set: &RuleSet, decision: Decision) -> Decision {
         self.labels.decision(set, decision.tier, decision.allowed);
         decision
+    }
+
+    /// Tells the breaker how a Redis call that speaks for the deployment
+    /// went: answered after `latency` (`failed` None), or failed, by our
+    /// deadline or not (`Some(timeout)`).
+    pub(crate) fn record_call(&self, latency: Duration, failed: Option<bool>) {
+        match failed {
+            None => {
+                if self.breaker.record_success(latency).is_some() {
+                    // Slow answers tripped it: the prober waits for this.
+                    self.wake.notify_one();
+                }
+            }
+            Some(timeout) => {
+                let outcome = self.breaker.record_failure(latency, timeout);
+                self.after_failure(outcome);
+            }
+        }
+    }
+
+    /// A call no check reported, its caller having dropped the check. One
+    /// dropped unanswered after the slow-call threshold counts as a call
+    /// that timed out: that long without an answer is what a hung server's
+    /// calls all show, and a caller that gives up sooner than the deadline
+    /// would otherwise keep a hung server from tripping the breaker. One
+    /// dropped sooner says nothing of Redis.
+    fn hear(&self, unheard: Unheard) {
+        match unheard {
+            Unheard::Ended { latency, result } => {
+                let failed = result.err().map(|e| e.is_timeout());
+                self.record_call(latency, failed);
+            }
+            Unheard::Abandoned { after } if after >= self.breaker.slow_call_threshold() => {
+                self.record_call(after, Some(true));
+            }
+            _ => {}
+        }
     }
 
     pub(crate) fn after_failure(&self, outcome: FailureOutcome) {

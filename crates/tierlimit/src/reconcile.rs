@@ -327,20 +327,12 @@ async fn drain(inner: &Arc<Inner>) {
         let latency = begun.elapsed();
         units += sent.units;
         batches += 1;
-        match sent.failed {
-            None => {
-                if sent.counts_call && inner.breaker.record_success(latency).is_some() {
-                    inner.wake.notify_one();
-                }
-            }
-            Some(e) => {
-                tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
-                if sent.counts_call {
-                    let outcome = inner.breaker.record_failure(latency, e.is_timeout());
-                    inner.after_failure(outcome);
-                }
-                return;
-            }
+        if sent.counts_call {
+            inner.record_call(latency, sent.failed.as_ref().map(Error::is_timeout));
+        }
+        if let Some(e) = sent.failed {
+            tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
+            return;
         }
         // Rest so the drain keeps to its duty cycle, leaving Redis to checks.
         let duty = inner.reconciler.config.duty_cycle;

@@ -10,6 +10,9 @@
 //! everything; a decision the policy made because its own Redis call failed
 //! says how the call failed, and one made while Open (no call) says nothing.
 //!
+//! Checks their callers drop before the deadline (an outer timeout) still
+//! tell the breaker of a hung Redis, alone or batched.
+//!
 //! A scenario that fails while the machine itself stopped for
 //! [`DISTURBING`] or more is run once more ([`run`]): no limiter can keep a
 //! bound through that, and the second run must pass on its own.
@@ -402,4 +405,92 @@ async fn connection_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_reset() {
     run(Kind::Reset).await;
+}
+
+/// Callers that give up on their checks sooner than the deadline (a
+/// timeout of their own shorter than it) still trip the breaker against a
+/// hung Redis. A check's call ran in the dropped future and nothing heard
+/// of it: the breaker stayed Closed through the whole outage, and every
+/// request kept paying its caller's whole timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_dropped_by_their_callers_trip_the_breaker() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let limiter = healthy(builder(&server.url()).deadline(Duration::from_millis(200))).await;
+    let set = support::hourly("dropped", 1_000);
+    server.pause();
+    // Past the slow-call threshold (40 ms), short of the deadline.
+    let gives_up = Duration::from_millis(60);
+    for i in 0..10 {
+        let dropped =
+            tokio::time::timeout(gives_up, limiter.check(&format!("k{i}"), &set, 1)).await;
+        assert!(
+            dropped.is_err(),
+            "check {i} answered a paused server: {dropped:?}"
+        );
+        if limiter.breaker_state() != BreakerState::Closed {
+            break;
+        }
+    }
+    let tripped = wait_for(Duration::from_secs(2), || {
+        limiter.breaker_state() != BreakerState::Closed
+    })
+    .await;
+    server.resume();
+    assert!(
+        tripped,
+        "10 checks dropped unanswered after 60 ms did not trip the breaker"
+    );
+}
+
+/// A batch's call whose checks were all dropped by their callers still
+/// reaches the breaker: the check that was to report it was gone, and the
+/// call's failure with it. Here only batches can speak: the callers give up
+/// (60 ms) before the slow-call threshold (100 ms), so a check dropped
+/// during its own call says nothing, and each round's batches (one or more
+/// of its 20 checks: two at most go alone) time out at the deadline (200 ms)
+/// with nobody waiting, before the next round starts. Two failed calls in a
+/// row trip the breaker here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_checks_were_dropped_still_reaches_the_breaker() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let deadline = Duration::from_millis(200);
+    let mut breaker = support::breaker();
+    breaker.slow_call_threshold = Duration::from_millis(100);
+    breaker.consecutive_failures = 2;
+    let limiter = healthy(builder(&server.url()).deadline(deadline).breaker(breaker)).await;
+    let set = support::hourly("dropped-batch", 1_000);
+    server.pause();
+    let gives_up = Duration::from_millis(60);
+    let mut rounds = 0;
+    while limiter.breaker_state() == BreakerState::Closed && rounds < 2 {
+        let round = Instant::now();
+        let checks: Vec<_> = (0..20)
+            .map(|i| {
+                let (limiter, set) = (limiter.clone(), set.clone());
+                tokio::spawn(async move {
+                    let key = format!("k{i}");
+                    let check = limiter.check(&key, &set, 1);
+                    tokio::time::timeout(gives_up, check).await.is_err()
+                })
+            })
+            .collect();
+        for check in checks {
+            assert!(
+                check.await.expect("a check task"),
+                "a paused server answered"
+            );
+        }
+        // This round's calls end at their deadline, unheard by any check.
+        tokio::time::sleep((deadline + gives_up).saturating_sub(round.elapsed())).await;
+        rounds += 1;
+    }
+    let state = limiter.breaker_state();
+    server.resume();
+    assert_ne!(
+        state,
+        BreakerState::Closed,
+        "{rounds} rounds of 20 checks dropped after 60 ms did not trip the breaker"
+    );
 }
