@@ -222,15 +222,31 @@ impl Breaker {
         self.word.load(Ordering::Acquire) & STATE_MASK == CLOSED
     }
 
-    /// Records a Redis call that answered, taking `latency`. A slow success can trip
-    /// the breaker (slow-call rate), so this returns the transition it caused.
+    /// Which stretch of the breaker's life this is, for a call about to be
+    /// made: its outcome is recorded only in the same one (see
+    /// [`record_success`](Self::record_success)).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.transitions.load(Ordering::Acquire)
+    }
+
+    /// Whether a call made in `epoch` may count: the breaker is Closed and
+    /// has not left that Closed stretch since.
+    fn counts_in(&self, epoch: u64) -> bool {
+        self.allows_request() && self.epoch() == epoch
+    }
+
+    /// Records a Redis call that answered, taking `latency`, made in `epoch`
+    /// (read before the call). A slow success can trip the breaker
+    /// (slow-call rate), so this returns the transition it caused.
     ///
-    /// Outside Closed it only ends a run of timeouts: calls that were already in
-    /// flight when the breaker opened do not count.
+    /// Outside the Closed stretch the call was made in, it only ends a run of
+    /// timeouts: calls that were in flight when the breaker opened do not
+    /// count, not even once it closed again (a call slower than the
+    /// cool-down would otherwise count against Redis after its recovery).
     #[must_use = "a trip to Open must wake the prober"]
-    pub(crate) fn record_success(&self, latency: Duration) -> Option<Transition> {
+    pub(crate) fn record_success(&self, latency: Duration, epoch: u64) -> Option<Transition> {
         reset(&self.consecutive_timeouts);
-        if !self.allows_request() {
+        if !self.counts_in(epoch) {
             return None;
         }
         reset(&self.consecutive_failures);
@@ -238,14 +254,20 @@ impl Breaker {
         self.trip(self.rate_exceeded()?)
     }
 
-    /// Records a Redis call that failed after `latency`; `timeout` when it was our
-    /// deadline that ended it (outcome unknown, socket possibly hung).
+    /// Records a Redis call that failed after `latency`, made in `epoch`;
+    /// `timeout` when it was our deadline that ended it (outcome unknown,
+    /// socket possibly hung).
     ///
     /// Timeouts count towards [`FailureOutcome::replace_connection`] in every state;
-    /// outside Closed nothing else is recorded.
-    pub(crate) fn record_failure(&self, latency: Duration, timeout: bool) -> FailureOutcome {
+    /// outside the Closed stretch the call was made in nothing else is recorded.
+    pub(crate) fn record_failure(
+        &self,
+        latency: Duration,
+        timeout: bool,
+        epoch: u64,
+    ) -> FailureOutcome {
         let replace_connection = self.count_timeout(timeout);
-        if !self.allows_request() {
+        if !self.counts_in(epoch) {
             return FailureOutcome {
                 transition: None,
                 replace_connection,
@@ -444,7 +466,7 @@ impl Breaker {
         to: BreakerState,
         reason: TransitionReason,
     ) -> Transition {
-        self.transitions.fetch_add(1, Ordering::Relaxed);
+        self.transitions.fetch_add(1, Ordering::AcqRel);
         self.labels.transition(from, to);
         // The state now, not `to`: two transitions racing must not leave a stale gauge.
         self.labels.breaker_state(self.state());
@@ -525,7 +547,9 @@ mod tests {
     }
 
     fn fail(breaker: &Breaker) -> Option<Transition> {
-        breaker.record_failure(FAST, false).transition
+        breaker
+            .record_failure(FAST, false, breaker.epoch())
+            .transition
     }
 
     fn opened(reason: TransitionReason) -> Option<Transition> {
@@ -553,7 +577,9 @@ mod tests {
         }
         assert!(breaker.allows_request());
         assert_eq!(
-            breaker.record_failure(FAST, true).transition,
+            breaker
+                .record_failure(FAST, true, breaker.epoch())
+                .transition,
             opened(TransitionReason::ConsecutiveFailures)
         );
         assert_eq!(breaker.state(), BreakerState::Open);
@@ -562,13 +588,40 @@ mod tests {
         assert_eq!(breaker.state().gauge_value(), 1.0);
     }
 
+    /// A call made before a trip and ended after the breaker closed again
+    /// (a deadline longer than the cool-down and its probe) counts for
+    /// nothing: five such timeouts tripped the breaker over a Redis that
+    /// had just recovered.
+    #[test]
+    fn a_call_made_before_a_trip_does_not_count_after_the_close() {
+        let (breaker, clock) = breaker(exact());
+        let before = breaker.epoch();
+        trip_and_start_probe(&breaker, &clock);
+        assert!(breaker.probe_succeeded().is_some());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        for _ in 0..5 {
+            assert_eq!(breaker.record_failure(SLOW, true, before).transition, None);
+        }
+        assert_eq!(breaker.record_success(SLOW, before), None);
+        assert_eq!(breaker.window.counts(), (0, 0, 0));
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        // Calls made since count.
+        for _ in 0..4 {
+            assert_eq!(fail(&breaker), None);
+        }
+        assert_eq!(
+            fail(&breaker),
+            opened(TransitionReason::ConsecutiveFailures)
+        );
+    }
+
     #[test]
     fn a_success_ends_the_run_of_failures() {
         let (breaker, _) = breaker(exact());
         for _ in 0..4 {
             assert_eq!(fail(&breaker), None);
         }
-        assert_eq!(breaker.record_success(FAST), None);
+        assert_eq!(breaker.record_success(FAST, breaker.epoch()), None);
         for _ in 0..4 {
             assert_eq!(fail(&breaker), None);
         }
@@ -582,7 +635,7 @@ mod tests {
         // below 20 calls even 100 % would not count. Never 5 failures in a row.
         for i in 0..19 {
             let transition = if i % 2 == 0 {
-                breaker.record_success(FAST)
+                breaker.record_success(FAST, breaker.epoch())
             } else {
                 fail(&breaker)
             };
@@ -612,16 +665,16 @@ mod tests {
     fn slow_call_rate_trips() {
         let (breaker, _) = breaker(exact());
         for _ in 0..4 {
-            assert_eq!(breaker.record_success(FAST), None);
+            assert_eq!(breaker.record_success(FAST, breaker.epoch()), None);
         }
         for _ in 0..15 {
             // Exactly the threshold counts as slow.
-            assert_eq!(breaker.record_success(SLOW), None);
+            assert_eq!(breaker.record_success(SLOW, breaker.epoch()), None);
         }
         assert_eq!(breaker.window.counts(), (19, 0, 15));
         // 16 slow calls out of 20 = 80 %.
         assert_eq!(
-            breaker.record_success(SLOW),
+            breaker.record_success(SLOW, breaker.epoch()),
             opened(TransitionReason::SlowCallRate)
         );
     }
@@ -636,13 +689,20 @@ mod tests {
         };
         let (breaker, _) = breaker(config);
         for _ in 0..10 {
-            assert_eq!(breaker.record_success(FAST), None);
+            assert_eq!(breaker.record_success(FAST, breaker.epoch()), None);
         }
         for _ in 0..9 {
-            assert_eq!(breaker.record_failure(SLOW, false).transition, None);
+            assert_eq!(
+                breaker
+                    .record_failure(SLOW, false, breaker.epoch())
+                    .transition,
+                None
+            );
         }
         assert_eq!(
-            breaker.record_failure(SLOW, false).transition,
+            breaker
+                .record_failure(SLOW, false, breaker.epoch())
+                .transition,
             opened(TransitionReason::SlowCallRate)
         );
     }
@@ -659,7 +719,7 @@ mod tests {
             assert_eq!(fail(&breaker), None);
         }
         for _ in 0..11 {
-            assert_eq!(breaker.record_success(FAST), None);
+            assert_eq!(breaker.record_success(FAST, breaker.epoch()), None);
         }
         // 9 more failures: 18 of the 29 calls so far failed, but the last 20 hold
         // only the newest 9 of them (45 %).
@@ -677,7 +737,7 @@ mod tests {
         trip_and_start_probe(&breaker, &clock);
         let _ = breaker.probe_failed(false);
         let before = breaker.window.counts();
-        assert_eq!(breaker.record_success(SLOW), None);
+        assert_eq!(breaker.record_success(SLOW, breaker.epoch()), None);
         assert_eq!(fail(&breaker), None);
         assert_eq!(breaker.window.counts(), before);
         assert_eq!(breaker.state(), BreakerState::Open);
@@ -838,7 +898,11 @@ mod tests {
             ..exact()
         };
         let (breaker, clock) = breaker(config);
-        let timeout = |breaker: &Breaker| breaker.record_failure(SLOW, true).replace_connection;
+        let timeout = |breaker: &Breaker| {
+            breaker
+                .record_failure(SLOW, true, breaker.epoch())
+                .replace_connection
+        };
 
         assert!(!timeout(&breaker));
         assert!(!timeout(&breaker));
@@ -850,14 +914,22 @@ mod tests {
 
         // Other failures never signal, and end a run of timeouts, as successes do.
         for _ in 0..10 {
-            assert!(!breaker.record_failure(FAST, false).replace_connection);
+            assert!(
+                !breaker
+                    .record_failure(FAST, false, breaker.epoch())
+                    .replace_connection
+            );
         }
         assert!(!timeout(&breaker));
         assert!(!timeout(&breaker));
-        assert!(!breaker.record_failure(FAST, false).replace_connection);
+        assert!(
+            !breaker
+                .record_failure(FAST, false, breaker.epoch())
+                .replace_connection
+        );
         assert!(!timeout(&breaker));
         assert!(!timeout(&breaker));
-        assert_eq!(breaker.record_success(FAST), None);
+        assert_eq!(breaker.record_success(FAST, breaker.epoch()), None);
         assert!(!timeout(&breaker));
         assert!(!timeout(&breaker));
 

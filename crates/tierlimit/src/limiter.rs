@@ -793,6 +793,7 @@ impl HybridLimiter {
         let key = &key;
         let inner = &*self.inner;
         let escaped = key.escaped();
+        let epoch = inner.breaker.epoch();
         let started = Instant::now();
         let sent_in = inner.local.outage();
         // What this key used locally reaches Redis before its quota does.
@@ -819,7 +820,7 @@ impl HybridLimiter {
         match result {
             Ok(verdict) => {
                 if counts_call {
-                    inner.record_call(latency, None);
+                    inner.record_call(epoch, latency, None);
                 }
                 // Checks decided locally in the outage this call was sent in
                 // (calls that failed while the breaker stayed Closed) are an
@@ -849,7 +850,7 @@ impl HybridLimiter {
             Err(e) if e.is_bad_input() => Err(e),
             Err(e) => {
                 if counts_call {
-                    inner.record_call(latency, Some(e.is_timeout()));
+                    inner.record_call(epoch, latency, Some(e.is_timeout()));
                 }
                 let mut decision = inner.fallback(escaped, rule_set, cost, rules);
                 decision.redis_failure = e.redis_failure();
@@ -1100,18 +1101,19 @@ impl Inner {
     }
 
     /// Tells the breaker how a Redis call that speaks for the deployment
-    /// went: answered after `latency` (`failed` None), or failed, by our
-    /// deadline or not (`Some(timeout)`).
-    pub(crate) fn record_call(&self, latency: Duration, failed: Option<bool>) {
+    /// went: made in `epoch` (the breaker's, read before the call), answered
+    /// after `latency` (`failed` None), or failed, by our deadline or not
+    /// (`Some(timeout)`).
+    pub(crate) fn record_call(&self, epoch: u64, latency: Duration, failed: Option<bool>) {
         match failed {
             None => {
-                if self.breaker.record_success(latency).is_some() {
+                if self.breaker.record_success(latency, epoch).is_some() {
                     // Slow answers tripped it: the prober waits for this.
                     self.wake.notify_one();
                 }
             }
             Some(timeout) => {
-                let outcome = self.breaker.record_failure(latency, timeout);
+                let outcome = self.breaker.record_failure(latency, timeout, epoch);
                 self.after_failure(outcome);
             }
         }
@@ -1123,14 +1125,19 @@ impl Inner {
     /// calls all show, and a caller that gives up sooner than the deadline
     /// would otherwise keep a hung server from tripping the breaker. One
     /// dropped sooner says nothing of Redis.
+    ///
+    /// Counted in the breaker's stretch of now: a call ends within a deadline
+    /// of being made, so only one made just before a trip and heard after the
+    /// breaker closed again is counted there.
     fn hear(&self, unheard: Unheard) {
+        let epoch = self.breaker.epoch();
         match unheard {
             Unheard::Ended { latency, result } => {
                 let failed = result.err().map(|e| e.is_timeout());
-                self.record_call(latency, failed);
+                self.record_call(epoch, latency, failed);
             }
             Unheard::Abandoned { after } if after >= self.breaker.slow_call_threshold() => {
-                self.record_call(after, Some(true));
+                self.record_call(epoch, after, Some(true));
             }
             _ => {}
         }

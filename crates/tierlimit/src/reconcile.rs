@@ -321,6 +321,7 @@ async fn drain(inner: &Arc<Inner>) {
         if claims.is_empty() {
             break;
         }
+        let epoch = inner.breaker.epoch();
         let begun = Instant::now();
         // Under the Redis tier's deadline, like every call.
         let sent = send_batch(inner, &claims).await;
@@ -328,7 +329,7 @@ async fn drain(inner: &Arc<Inner>) {
         units += sent.units;
         batches += 1;
         if sent.counts_call {
-            inner.record_call(latency, sent.failed.as_ref().map(Error::is_timeout));
+            inner.record_call(epoch, latency, sent.failed.as_ref().map(Error::is_timeout));
         }
         if let Some(e) = sent.failed {
             tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
