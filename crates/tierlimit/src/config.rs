@@ -132,8 +132,8 @@ use toml::de::{DeTable, DeValue};
 
 use crate::breaker::BreakerConfig;
 use crate::limiter::{
-    HybridLimiter, HybridLimiterBuilder, Instances, MAX_INSTANCE_TTL, MAX_PERIODIC, MIN_HEARTBEAT,
-    MIN_PRUNE, in_range,
+    DEFAULT_DEADLINE, HybridLimiter, HybridLimiterBuilder, Instances, MAX_INSTANCE_TTL,
+    MAX_PERIODIC, MIN_HEARTBEAT, MIN_PRUNE, in_range, slow_beyond_deadline,
 };
 use crate::reconcile::ReconcileConfig;
 
@@ -890,6 +890,18 @@ fn sections(w: &mut Walk<'_>, top: &Fields<'_, '_>) -> Option<Config> {
     let rule_sets = rule_sets_section(w, top.get("rule_sets"));
     let redis = redis?;
     let limiter = limiter?;
+    let deadline = redis.deadline.unwrap_or(DEFAULT_DEADLINE);
+    if breaker.slow_call_threshold >= deadline {
+        let (path, span) = match table_span(top.get("breaker"), "slow_call_threshold") {
+            Some(span) => ("breaker.slow_call_threshold", Some(span)),
+            None => ("redis.deadline", table_span(top.get("redis"), "deadline")),
+        };
+        w.report(
+            path,
+            span,
+            slow_beyond_deadline(breaker.slow_call_threshold, deadline),
+        );
+    }
     Some(Config {
         redis_url: redis.url,
         deadline: redis.deadline,
@@ -910,6 +922,14 @@ fn sections(w: &mut Walk<'_>, top: &Fields<'_, '_>) -> Option<Config> {
         reconcile,
         rule_sets,
     })
+}
+
+/// Where `key` of the table `section` is written, if it is.
+fn table_span(section: Option<&Value<'_>>, key: &str) -> Option<Range<usize>> {
+    match section?.get_ref() {
+        DeValue::Table(table) => table.get(key).map(Spanned::span),
+        _ => None,
+    }
 }
 
 struct RedisSection {

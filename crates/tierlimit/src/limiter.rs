@@ -178,7 +178,9 @@ impl HybridLimiterBuilder {
     }
 
     /// The hard deadline of every Redis call (default 50 ms): no check waits
-    /// longer for Redis.
+    /// longer for Redis. Above the breaker's
+    /// [`slow_call_threshold`](BreakerConfig::slow_call_threshold) (40 ms by
+    /// default), or [`build`](Self::build) refuses it.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -303,6 +305,12 @@ impl HybridLimiterBuilder {
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
+        if self.breaker.slow_call_threshold >= self.deadline {
+            return Err(invalid(&slow_beyond_deadline(
+                self.breaker.slow_call_threshold,
+                self.deadline,
+            )));
+        }
         let instances = match self.instances {
             Instances::Fixed(0) | Instances::Learned { assume: Some(0) } => {
                 return Err(invalid("instances must be at least 1"));
@@ -406,6 +414,19 @@ impl HybridLimiterBuilder {
             shut_down: false,
         })
     }
+}
+
+/// Every Redis call's deadline unless set ([`HybridLimiterBuilder::deadline`]).
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
+
+/// Why a slow-call threshold at or past the deadline is refused: no call
+/// ends later than the deadline, so none could count as slow (nor a check
+/// dropped by its caller before the deadline, see `Inner::hear`).
+pub(crate) fn slow_beyond_deadline(threshold: Duration, deadline: Duration) -> String {
+    format!(
+        "breaker.slow_call_threshold ({threshold:?}) must be below the Redis deadline \
+         ({deadline:?}): no call takes longer than the deadline, so none could count as slow"
+    )
 }
 
 /// State shared by the limiter and its background tasks.
@@ -525,7 +546,7 @@ impl HybridLimiter {
             redis_url: None,
             #[cfg(feature = "tls")]
             redis_tls: RedisTls::default(),
-            deadline: Duration::from_millis(50),
+            deadline: DEFAULT_DEADLINE,
             client_time: false,
             default_policy: Policy::LocalFallback,
             overflow_policy: Policy::FailClosed,

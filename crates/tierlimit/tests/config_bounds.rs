@@ -278,6 +278,30 @@ async fn every_extreme_value_is_refused_by_name_or_works() {
     );
 }
 
+/// A slow-call threshold at or past the deadline is refused at `build()`,
+/// naming both: no call could be slow (none ends after the deadline), and
+/// the slow-call rate, like a check its caller drops, would say nothing.
+#[test]
+fn a_slow_call_threshold_past_the_deadline_is_refused_at_build() {
+    let url = "redis://127.0.0.1:1/";
+    for (threshold, deadline) in [(40, 20), (40, 40), (100, 50)] {
+        let mut breaker = BreakerConfig::default();
+        breaker.slow_call_threshold = Duration::from_millis(threshold);
+        let err = base(url)
+            .deadline(Duration::from_millis(deadline))
+            .breaker(breaker)
+            .build()
+            .expect_err("a threshold no call reaches");
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::InvalidConfig { .. })
+                && text.contains("slow_call_threshold")
+                && text.contains("deadline"),
+            "{threshold} ms, deadline {deadline} ms: {text}"
+        );
+    }
+}
+
 /// Item 19: the heartbeat's settings are validated at `build()`, so an
 /// instance that could never learn the count is never started.
 #[tokio::test]
@@ -317,7 +341,7 @@ async fn the_redis_password_is_never_printed() {
         format!("redis://alice:{SECRET}@127.0.0.1:notaport/"),
         format!("redis://alice:{SECRET}@/"),
     ] {
-        let builder = base(&url).deadline(Duration::from_millis(20));
+        let builder = base(&url).deadline(Duration::from_millis(50));
         let printed = format!("{builder:?}");
         assert!(!printed.contains(SECRET), "builder: {printed}");
         match builder.build() {

@@ -932,6 +932,26 @@ fn burst_on_a_window_algorithm() {
     );
 }
 
+/// A slow-call threshold at or past the deadline would never see a slow
+/// call (none ends later than the deadline): refused where it is written,
+/// or at the deadline when the threshold is the default.
+#[test]
+fn a_slow_call_threshold_past_the_deadline_is_refused() {
+    let line = refused(
+        &with_url("deadline = \"20ms\"\n"),
+        "redis.deadline",
+        "slow_call_threshold (40ms) must be below the Redis deadline (20ms)",
+    );
+    assert_eq!(line, Some(3));
+    let line = refused(
+        &with_url("[breaker]\nslow_call_threshold = \"50ms\"\n"),
+        "breaker.slow_call_threshold",
+        "must be below the Redis deadline (50ms)",
+    );
+    assert_eq!(line, Some(4));
+    load(&with_url("deadline = \"41ms\"\n"));
+}
+
 #[test]
 fn other_rule_combinations_name_their_field() {
     refused(

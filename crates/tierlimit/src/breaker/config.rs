@@ -46,8 +46,8 @@ pub struct BreakerConfig {
     pub minimum_calls: u32,
     /// Trip when at least this fraction of the window failed. In (0, 1]; default 0.5.
     pub failure_rate_threshold: f64,
-    /// A call, successful or not, taking at least this long is slow. Not zero;
-    /// default 40 ms.
+    /// A call, successful or not, taking at least this long is slow. Not zero,
+    /// below the Redis deadline; default 40 ms.
     pub slow_call_threshold: Duration,
     /// Trip when at least this fraction of the window was slow. In (0, 1]; default 0.8.
     pub slow_call_rate_threshold: f64,
