@@ -26,7 +26,7 @@
 //! | field | type | default | meaning |
 //! |---|---|---|---|
 //! | `redis.url` | string, **required** | | [`redis_url`](HybridLimiterBuilder::redis_url): `redis://host:port/db`, `redis://user:password@host:port/db` (ACL user), `rediss://…` (TLS) |
-//! | `redis.deadline` | duration | `"50ms"` | [`deadline`](HybridLimiterBuilder::deadline), 1 ms to 60 s |
+//! | `redis.deadline` | duration | `"50ms"` | [`deadline`](HybridLimiterBuilder::deadline), 1 ms to 60 s, above `breaker.slow_call_threshold` |
 //! | `redis.client_time` | boolean | `false` | [`client_time`](HybridLimiterBuilder::client_time) |
 //! | `redis.max_batch` | integer | `32` | [`max_batch`](HybridLimiterBuilder::max_batch): most checks per script call, 1 to 1000 (1: no batching) |
 //! | `redis.tls_ca_file` | path | system trust store | PEM CA certificates to trust only ([`tls_root_certificates`](HybridLimiterBuilder::tls_root_certificates)); needs `rediss://` |
