@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -200,7 +201,8 @@ impl HybridLimiterBuilder {
         self
     }
 
-    /// The policy of rule sets that set none (default [`Policy::LocalFallback`]).
+    /// The policy of rule sets that set none (default [`Policy::LocalFallback`]);
+    /// a config reload replaces it with the file's.
     pub fn default_policy(mut self, policy: Policy) -> Self {
         self.default_policy = policy;
         self
@@ -381,7 +383,7 @@ impl HybridLimiterBuilder {
             local,
             breaker,
             clock: self.clock,
-            default_policy: self.default_policy,
+            default_policy: DefaultPolicy::new(self.default_policy),
             overflow_policy: self.overflow_policy,
             learn_instances: matches!(self.instances, Instances::Learned { .. }),
             instances,
@@ -416,6 +418,35 @@ impl HybridLimiterBuilder {
     }
 }
 
+/// The policy of rule sets that name none, which a config reload replaces
+/// (see `reload.rs`): one byte, read on every check that Redis cannot answer.
+#[derive(Debug)]
+pub(crate) struct DefaultPolicy(AtomicU8);
+
+/// The policies by their number in [`DefaultPolicy`].
+const POLICIES: [Policy; 3] = [Policy::LocalFallback, Policy::FailOpen, Policy::FailClosed];
+
+impl DefaultPolicy {
+    fn new(policy: Policy) -> Self {
+        let default = DefaultPolicy(AtomicU8::new(0));
+        default.set(policy);
+        default
+    }
+
+    pub(crate) fn get(&self) -> Policy {
+        let i = usize::from(self.0.load(Ordering::Relaxed));
+        POLICIES.get(i).copied().unwrap_or_default()
+    }
+
+    pub(crate) fn set(&self, policy: Policy) {
+        if let Some(i) = POLICIES.iter().position(|p| *p == policy)
+            && let Ok(i) = u8::try_from(i)
+        {
+            self.0.store(i, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Every Redis call's deadline unless set ([`HybridLimiterBuilder::deadline`]).
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 
@@ -436,7 +467,8 @@ pub(crate) struct Inner {
     pub(crate) local: LocalTier,
     pub(crate) breaker: Breaker,
     pub(crate) clock: Arc<dyn Clock>,
-    default_policy: Policy,
+    /// The policy of sets that name none; a config reload replaces it.
+    pub(crate) default_policy: DefaultPolicy,
     overflow_policy: Policy,
     pub(crate) learn_instances: bool,
     pub(crate) instances: InstanceCount,
@@ -1186,7 +1218,7 @@ impl Inner {
         cost: u64,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Decision {
-        match set.policy().unwrap_or(self.default_policy) {
+        match set.policy().unwrap_or_else(|| self.default_policy.get()) {
             Policy::LocalFallback => {
                 if let Some(n) = self.instances.get() {
                     let answer = match rules {

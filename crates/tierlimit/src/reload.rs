@@ -5,7 +5,8 @@
 //! What a reload changes live: the rule sets (their rules, policies and
 //! reconcile settings, added and removed sets) and the default policy, which
 //! a reload writes into every set of the file that names no policy of its
-//! own. Everything else (the Redis URL, TLS, the deadline, the breaker, the
+//! own, and which answers for the sets a caller builds that name none.
+//! Everything else (the Redis URL, TLS, the deadline, the breaker, the
 //! local bounds, reconciliation, instances, names) shapes connections and
 //! tasks that live as long as the limiter: a reload that changes them
 //! applies the rule sets, keeps those settings, and names them in
@@ -79,6 +80,8 @@ impl HybridLimiter {
 impl Inner {
     pub(crate) fn reload(&self, config: &Config) -> Result<ReloadReport> {
         let mut report = self.replace_rule_sets(resolved_sets(config))?;
+        self.default_policy
+            .set(config.default_policy().unwrap_or_default());
         report.needs_restart = self.restart_changes(config);
         if !report.needs_restart.is_empty() {
             tracing::warn!(

@@ -273,6 +273,38 @@ async fn the_default_policy_reloads_into_sets_without_their_own() {
     assert_eq!(policy("login"), Some(Policy::LocalFallback));
 }
 
+/// The reloaded default answers for the sets a caller builds that name no
+/// policy too, not only for the file's: such a set (here the file's own,
+/// taken from the config as loaded) was still answered by the default the
+/// limiter was built with, though the reload said nothing needed a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_default_policy_answers_sets_without_their_own() {
+    let server = RedisServer::start();
+    let text = file(&server.url(), "own", "5/h", "");
+    let limiter = healthy(&Config::from_toml_str(&text).expect("valid")).await;
+    let text = text.replace(
+        "default_policy = \"fail-closed\"",
+        "default_policy = \"fail-open\"",
+    );
+    let config = Config::from_toml_str(&text).expect("valid");
+    let report = limiter.reload(&config).expect("reload");
+    assert!(report.needs_restart.is_empty(), "{report:?}");
+    let own = config.rule_set("login").expect("in the file").clone();
+    assert_eq!(own.policy(), None);
+    server.pause();
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while limiter.breaker_state() == tierlimit::BreakerState::Closed {
+        assert!(
+            std::time::Instant::now() < end,
+            "the breaker did not trip in 5 s"
+        );
+        let _ = limiter.check("trip", &own, 1).await;
+    }
+    let d = limiter.check("u", &own, 1).await.expect("a valid check");
+    server.resume();
+    assert_eq!(d.tier, tierlimit::Tier::FailOpen, "{d:?}");
+}
+
 #[tokio::test]
 async fn start_only_settings_are_named_and_kept() {
     let server = RedisServer::start();
