@@ -46,6 +46,7 @@ fn failure_of(name: &str) -> Option<RedisFailure> {
         "MalformedReply" => RedisFailure::MalformedReply,
         "ClusterUnavailable" => RedisFailure::ClusterUnavailable,
         "NodeDown" => RedisFailure::NodeDown,
+        "WrongType" => RedisFailure::WrongType,
         "Other" => RedisFailure::Other,
         _ => return None,
     })

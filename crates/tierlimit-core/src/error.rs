@@ -310,6 +310,11 @@ pub enum RedisFailure {
     /// waiting on it again (see `tierlimit_redis`'s crate docs, "Redis
     /// Cluster"). Nothing was sent.
     NodeDown,
+    /// The key holds a value of another type than its rule stores
+    /// (`-WRONGTYPE`): something other than tierlimit wrote under its keys.
+    /// A fault of that key, not of Redis, which answered: a circuit breaker
+    /// counts it as an answer ([`Error::is_key_fault`]). Nothing was written.
+    WrongType,
     /// The reply did not have the shape the script promises.
     MalformedReply,
     /// Any other server or client error.
@@ -328,6 +333,7 @@ impl fmt::Display for RedisFailure {
             RedisFailure::Loading => "loading dataset (LOADING)",
             RedisFailure::ClusterUnavailable => "cluster slot unavailable",
             RedisFailure::NodeDown => "the slot's master failed moments ago (not asked)",
+            RedisFailure::WrongType => "the key holds another type (WRONGTYPE)",
             RedisFailure::MalformedReply => "malformed reply",
             RedisFailure::Other => "error",
         })
@@ -366,7 +372,8 @@ impl RedisFailure {
             | RedisFailure::ReadOnly
             | RedisFailure::Loading
             | RedisFailure::ClusterUnavailable
-            | RedisFailure::NodeDown => false,
+            | RedisFailure::NodeDown
+            | RedisFailure::WrongType => false,
         }
     }
 }
@@ -404,10 +411,22 @@ impl Error {
     }
 
     /// True for Redis faults that may go away by themselves (everything but a
-    /// malformed reply, which means the scripts and the code disagree), a
-    /// Cluster failing over ([`RedisFailure::ClusterUnavailable`]) included.
+    /// malformed reply, which means the scripts and the code disagree, and a
+    /// key of another type, which stays until someone removes it), a Cluster
+    /// failing over ([`RedisFailure::ClusterUnavailable`]) included.
     pub fn is_transient(&self) -> bool {
-        matches!(self.redis_failure(), Some(k) if k != RedisFailure::MalformedReply)
+        matches!(
+            self.redis_failure(),
+            Some(k) if k != RedisFailure::MalformedReply && k != RedisFailure::WrongType
+        )
+    }
+
+    /// True for a fault of one key rather than of Redis
+    /// ([`RedisFailure::WrongType`]): Redis answered, so a circuit breaker
+    /// counts the call as answered, and a key someone else wrote under
+    /// cannot trip it for every key.
+    pub fn is_key_fault(&self) -> bool {
+        self.redis_failure() == Some(RedisFailure::WrongType)
     }
 }
 

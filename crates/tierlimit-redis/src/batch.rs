@@ -100,7 +100,9 @@ pub struct Checked<T = Verdict> {
     /// The verdict, or the error a lone call would have met.
     pub result: Result<T>,
     /// True for exactly one check of each script call: the first whose result
-    /// is a Redis fault if any is, else the first. A circuit breaker that
+    /// is a Redis fault if any is (a key's fault, `WRONGTYPE`, is not one:
+    /// see [`Error::is_key_fault`](tierlimit_core::Error::is_key_fault)),
+    /// else the first. A circuit breaker that
     /// records only these counts a batch of N checks as the one call it was,
     /// failed or not. False for a check that gave up while queued (its
     /// deadline passed before its batch was sent): the call it waited behind
@@ -330,11 +332,12 @@ impl Batcher {
 }
 
 /// Which check of one call's results reports the call: the first Redis
-/// fault, else the first.
+/// fault (not a key's: [`Error::is_key_fault`](tierlimit_core::Error::is_key_fault)),
+/// else the first.
 pub(crate) fn reporter(results: &[Result<Verdict>]) -> usize {
     results
         .iter()
-        .position(|r| matches!(r, Err(e) if !e.is_bad_input()))
+        .position(|r| matches!(r, Err(e) if !e.is_bad_input() && !e.is_key_fault()))
         .unwrap_or(0)
 }
 
@@ -342,6 +345,26 @@ pub(crate) fn reporter(results: &[Result<Verdict>]) -> usize {
 mod tests {
     use super::*;
     use tierlimit_core::Rule;
+
+    /// A call's report goes to its first check that met a fault of Redis,
+    /// past any key's fault: a key of another type first in a batch hid an
+    /// `-OOM` after it (the facade counts a key's fault as an answer).
+    #[test]
+    fn the_reporter_is_the_first_fault_of_redis() {
+        use tierlimit_core::{Error, RedisFailure};
+        let fault = |kind| Err(Error::redis(kind, None));
+        let results = [
+            fault(RedisFailure::WrongType),
+            fault(RedisFailure::OutOfMemory),
+            fault(RedisFailure::OutOfMemory),
+        ];
+        assert_eq!(reporter(&results), 1);
+        let results = [
+            fault(RedisFailure::WrongType),
+            fault(RedisFailure::WrongType),
+        ];
+        assert_eq!(reporter(&results), 0, "none of Redis: the first");
+    }
 
     fn queued(tx: oneshot::Sender<Checked>) -> Queued {
         Queued {

@@ -43,6 +43,7 @@ fn failure_of(err: &RedisError) -> RedisFailure {
         Some("READONLY") => return RedisFailure::ReadOnly,
         Some("LOADING") => return RedisFailure::Loading,
         Some("NOSCRIPT") => return RedisFailure::NoScript,
+        Some("WRONGTYPE") => return RedisFailure::WrongType,
         Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "MOVED" | "ASK") => {
             return RedisFailure::ClusterUnavailable;
         }
@@ -95,7 +96,7 @@ mod tests {
             ("READONLY", RedisFailure::ReadOnly),
             ("LOADING", RedisFailure::Loading),
             ("OOM", RedisFailure::OutOfMemory),
-            ("WRONGTYPE", RedisFailure::Other),
+            ("WRONGTYPE", RedisFailure::WrongType),
             ("CLUSTERDOWN", RedisFailure::ClusterUnavailable),
             ("TRYAGAIN", RedisFailure::ClusterUnavailable),
             ("MASTERDOWN", RedisFailure::ClusterUnavailable),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{ALGORITHMS, rule, set, storage_key};
-use tierlimit_core::{Clock, FakeClock, Rule, RuleSet};
+use tierlimit_core::{Clock, FakeClock, RedisFailure, Rule, RuleSet};
 use tierlimit_redis::{CheckKey, Checked, RedisTier, RedisTierConfig, ScriptMode, TimeSource};
 use tierlimit_test::{Fault, FaultProxy, RedisServer};
 
@@ -601,6 +601,17 @@ async fn a_check_that_fails_inside_a_batch_fails_alone() {
         }
     }
     assert!(outcomes[BAD].0.result.is_err(), "the bad key's check fails");
+    // Its key's fault, not Redis': a breaker counts the call as answered
+    // (see `Error::is_key_fault`). It was an unclassified fault, the call's
+    // vote a failure, and a hot key of another type in every batch tripped a
+    // breaker for every key.
+    let failure = outcomes[BAD]
+        .0
+        .result
+        .as_ref()
+        .err()
+        .map(|e| e.redis_failure());
+    assert_eq!(failure, Some(Some(RedisFailure::WrongType)));
     // Four one-rule checks of each good key against 3 per hour (the clock
     // stands still), and two of good-1's at cost 2 against GCRA's 3.
     assert_eq!(denied, 3, "denials among the admissions");

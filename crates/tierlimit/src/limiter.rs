@@ -447,6 +447,13 @@ impl DefaultPolicy {
     }
 }
 
+/// How a call that failed with `e` goes to the breaker
+/// ([`Inner::record_call`]'s `failed`): as a failure, by our deadline or not;
+/// or, for a fault of one key (Redis answered), as an answer.
+fn failed(e: &Error) -> Option<bool> {
+    (!e.is_key_fault()).then(|| e.is_timeout())
+}
+
 /// Every Redis call's deadline unless set ([`HybridLimiterBuilder::deadline`]).
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 
@@ -903,7 +910,7 @@ impl HybridLimiter {
             Err(e) if e.is_bad_input() => Err(e),
             Err(e) => {
                 if counts_call {
-                    inner.record_call(epoch, latency, Some(e.is_timeout()));
+                    inner.record_call(epoch, latency, failed(&e));
                 }
                 let mut decision = inner.fallback(escaped, rule_set, cost, rules);
                 decision.redis_failure = e.redis_failure();
@@ -1186,8 +1193,7 @@ impl Inner {
         let epoch = self.breaker.epoch();
         match unheard {
             Unheard::Ended { latency, result } => {
-                let failed = result.err().map(|e| e.is_timeout());
-                self.record_call(epoch, latency, failed);
+                self.record_call(epoch, latency, result.err().as_ref().and_then(failed));
             }
             Unheard::Abandoned { after } if after >= self.breaker.slow_call_threshold() => {
                 self.record_call(epoch, after, Some(true));

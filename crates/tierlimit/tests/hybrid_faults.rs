@@ -494,3 +494,41 @@ async fn a_batch_whose_checks_were_dropped_still_reaches_the_breaker() {
         "{rounds} rounds of 20 checks dropped after 60 ms did not trip the breaker"
     );
 }
+
+/// A key something else wrote under (a value of another type: `WRONGTYPE`)
+/// is that key's fault, not Redis': its checks get the policy's answer and
+/// say why, and the breaker counts their calls as answered. Ten in a row
+/// tripped it (five failures in a row do), for every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_does_not_trip_the_breaker() {
+    let server = RedisServer::start();
+    let limiter = healthy(builder(&server.url())).await;
+    let set = RuleSet::new(
+        "spoilt",
+        [Rule::per_hour(10)
+            .expect("valid")
+            .with_algorithm(Algorithm::FixedWindow)
+            .expect("valid")],
+    )
+    .expect("valid")
+    .with_policy(Policy::FailClosed);
+    let key = set.storage_key(&tierlimit_core::escape_key("bad"), 0);
+    let mut conn = server.conn().await;
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("not a window")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    for i in 0..10 {
+        let d = limiter.check("bad", &set, 1).await.expect("a valid check");
+        assert_eq!(
+            (d.tier, d.redis_failure),
+            (Tier::FailClosed, Some(RedisFailure::WrongType)),
+            "check {i}: {d:?}"
+        );
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    let d = limiter.check("good", &set, 1).await.expect("a valid check");
+    assert_eq!(d.tier, Tier::Redis, "{d:?}");
+}
