@@ -891,7 +891,12 @@ fn sections(w: &mut Walk<'_>, top: &Fields<'_, '_>) -> Option<Config> {
     let redis = redis?;
     let limiter = limiter?;
     let deadline = redis.deadline.unwrap_or(DEFAULT_DEADLINE);
-    if breaker.slow_call_threshold >= deadline {
+    // Compared only when each is right on its own: a wrong one is reported.
+    let wrong = |path: &str| w.problems.iter().any(|p| p.path == path);
+    if breaker.slow_call_threshold >= deadline
+        && !wrong("redis.deadline")
+        && !wrong("breaker.slow_call_threshold")
+    {
         let (path, span) = match table_span(top.get("breaker"), "slow_call_threshold") {
             Some(span) => ("breaker.slow_call_threshold", Some(span)),
             None => ("redis.deadline", table_span(top.get("redis"), "deadline")),
