@@ -119,6 +119,7 @@ pub(crate) async fn run(args: CheckArgs) -> Result<ExitCode, Failure> {
     let limiter = HybridLimiter::builder()
         .redis_url(args.redis.clone())
         .deadline(args.deadline)
+        .breaker(args::breaker_for(args.deadline))
         .default_policy(policy)
         // One process, one check: no heartbeat, and a local fallback (when
         // asked for) holds the whole limit.

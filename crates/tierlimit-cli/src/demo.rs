@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use serde::Serialize;
 use tierlimit::{
-    Algorithm, BreakerConfig, BreakerState, HybridLimiter, Instances, Policy, ReconcileStats, Rule,
-    RuleSet, RuleState,
+    Algorithm, BreakerState, HybridLimiter, Instances, Policy, ReconcileStats, Rule, RuleSet,
+    RuleState,
 };
 use tokio::task::JoinHandle;
 
@@ -496,7 +496,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
     let run_id = format!("{:08x}", fastrand::u32(..));
     let names: Vec<String> = (1..=n).map(|i| format!("demo-{i}")).collect();
     let breaker = {
-        let mut b = BreakerConfig::default();
+        let mut b = args::breaker_for(args.deadline);
         // The default backoff reaches 5 s between probes: a healed Redis would
         // wait up to that long to be used again. The demo shows the recovery.
         b.max_cool_down = Duration::from_secs(1);

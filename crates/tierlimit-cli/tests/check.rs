@@ -54,6 +54,23 @@ fn checks_count_on_redis_across_processes_until_denied() {
     assert_eq!((code, &d["remaining"]), (Some(0), &Value::from(0)));
 }
 
+/// A deadline shorter than the breaker's default slow-call threshold
+/// (40 ms) works: the command lowers the threshold below it, which the
+/// library requires and the command line cannot set otherwise.
+#[test]
+fn a_deadline_below_the_default_slow_call_threshold_works() {
+    let server = RedisServer::start();
+    let (code, d, stderr) = check(
+        &server.url(),
+        &["--key", "k", "--rule", "10/s", "--deadline", "20ms"],
+    );
+    assert_eq!(
+        (code, &d["tier"]),
+        (Some(0), &Value::from("redis")),
+        "{d} {stderr}"
+    );
+}
+
 #[test]
 fn the_human_form_names_the_decision_and_every_rule() {
     let server = RedisServer::start();

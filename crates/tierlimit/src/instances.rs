@@ -14,7 +14,10 @@
 //! is learned once a beat has answered a while after the first one (the
 //! builder's choice: when every instance started with this one has beaten
 //! too); until then a count heard above the one assumed narrows the shares
-//! (that is always safe), and nothing widens them.
+//! (that is always safe), and nothing widens them. So it is after nothing
+//! was heard for a TTL (an outage longer than it: Redis dropped every
+//! instance meanwhile, and the first back hear 1, 2...): the count in force
+//! stays until one is learned again.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -85,12 +88,18 @@ impl InstanceCount {
             Ok(h) => h,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let first = *heard.first_us.get_or_insert(now_us);
-        let counts = &mut heard.counts;
         let horizon = now_us.saturating_sub(self.ttl_us);
-        while counts.front().is_some_and(|&(at, _)| at < horizon) {
-            counts.pop_front();
+        while heard.counts.front().is_some_and(|&(at, _)| at < horizon) {
+            heard.counts.pop_front();
         }
+        if heard.counts.is_empty() {
+            // Nothing heard within the TTL (an outage longer than it, say):
+            // Redis dropped every instance meanwhile, and the first beats
+            // after it see 1, 2... Learned again, as at the start.
+            heard.first_us = Some(now_us);
+        }
+        let first = heard.first_us.unwrap_or(now_us);
+        let counts = &mut heard.counts;
         // Keep only what could still be the maximum: a later, larger count makes
         // an earlier, smaller one irrelevant. The deque stays decreasing in count.
         while counts.back().is_some_and(|&(_, n)| n <= count) {
@@ -176,6 +185,23 @@ mod tests {
             InstanceCount::learned(Some(4), Duration::from_secs(30), Duration::from_secs(1));
         assert_eq!(count.heard(1, 0), 4);
         assert_eq!(count.heard(2, S), 2, "learned: the largest within the TTL");
+    }
+
+    // Regression: after an outage longer than the TTL every count heard had
+    // expired, and the first instance back heard 1 and believed it at once:
+    // a second outage in the seconds the others took to come back gave it
+    // the whole limit as its local share.
+    #[test]
+    fn after_nothing_was_heard_for_a_ttl_the_count_is_learned_again() {
+        let count = InstanceCount::learned(None, Duration::from_secs(30), Duration::from_secs(5));
+        assert_eq!(count.heard(10, 0), UNKNOWN);
+        assert_eq!(count.heard(10, 6 * S), 10);
+        // A 60 s outage; Redis comes back empty and this instance beats first.
+        assert_eq!(count.heard(1, 66 * S), 10, "the others are on their way");
+        assert_eq!(count.heard(2, 68 * S), 10);
+        // Learned again a while after: the largest heard within the TTL.
+        assert_eq!(count.heard(3, 72 * S), 3);
+        assert_eq!(count.get(), Some(3));
     }
 
     #[test]

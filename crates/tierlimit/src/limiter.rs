@@ -307,12 +307,6 @@ impl HybridLimiterBuilder {
         if matches!(self.overflow_policy, Policy::LocalFallback) {
             return Err(invalid("overflow_policy must be FailOpen or FailClosed"));
         }
-        if self.breaker.slow_call_threshold >= self.deadline {
-            return Err(invalid(&slow_beyond_deadline(
-                self.breaker.slow_call_threshold,
-                self.deadline,
-            )));
-        }
         let instances = match self.instances {
             Instances::Fixed(0) | Instances::Learned { assume: Some(0) } => {
                 return Err(invalid("instances must be at least 1"));
@@ -375,7 +369,13 @@ impl HybridLimiterBuilder {
         self.reconcile.validate()?;
         let named = NamedSets::new(self.rule_sets)?;
         let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
+        let threshold = self.breaker.slow_call_threshold;
         let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
+        // Each of the two is right on its own by now (the tier and the
+        // breaker checked them).
+        if threshold >= self.deadline {
+            return Err(invalid(&slow_beyond_deadline(threshold, self.deadline)));
+        }
         let local = LocalTier::new(self.local, self.clock.clone())?;
         let instance_id = format!("{:016x}-{}", fastrand::u64(..), std::process::id());
         let inner = Arc::new(Inner {

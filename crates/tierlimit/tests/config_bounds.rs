@@ -281,8 +281,8 @@ async fn every_extreme_value_is_refused_by_name_or_works() {
 /// A slow-call threshold at or past the deadline is refused at `build()`,
 /// naming both: no call could be slow (none ends after the deadline), and
 /// the slow-call rate, like a check its caller drops, would say nothing.
-#[test]
-fn a_slow_call_threshold_past_the_deadline_is_refused_at_build() {
+#[tokio::test]
+async fn a_slow_call_threshold_past_the_deadline_is_refused_at_build() {
     let url = "redis://127.0.0.1:1/";
     for (threshold, deadline) in [(40, 20), (40, 40), (100, 50)] {
         let mut breaker = BreakerConfig::default();
