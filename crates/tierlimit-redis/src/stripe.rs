@@ -137,7 +137,10 @@ impl RedisTier {
     }
 
     /// One stripe's check, ended by `deadline` (that of the whole striped
-    /// check): past it, a timeout that counts as a failed call.
+    /// check): past it, a timeout whose call reports itself (a lone one as
+    /// abandoned, a batch's as it ends: see
+    /// [`RedisTier::on_unheard`](crate::RedisTier::on_unheard)), so it does
+    /// not count here too.
     async fn stripe_call(
         &self,
         key: &CheckKey<'_>,
@@ -152,7 +155,7 @@ impl RedisTier {
             Ok(checked) => checked,
             Err(_) => Checked {
                 result: Err(timeout()),
-                counts_call: true,
+                counts_call: false,
             },
         }
     }

@@ -915,25 +915,17 @@ impl RedisTier {
         // On a Cluster, the master the write-backs and the check go to (they
         // share the key's hash tag); `None` on one server.
         let master = self.sent_to(self.slot_of_check(key.escaped()));
-        let under_way = UnderWay::new(self);
-        let (result, check_vote) = if self.inner.backend.is_cluster() {
+        let (result, vote) = if self.inner.backend.is_cluster() {
             self.check_after_on_cluster(key, set, cost, writes).await
         } else {
-            // One deadline for all of it: a striped write-back's spill and
-            // a striped check's further stripes are round trips of their own.
-            let all = self.check_after_on_one(key, set, cost, writes);
-            let result = tokio::time::timeout(self.inner.deadline, all)
-                .await
-                .unwrap_or_else(|_| Err(timeout()));
-            (result, None)
+            self.check_after_on_one(key, set, cost, writes).await
         };
-        under_way.ended();
         let counts_call = match &result {
             Ok(_) => true,
             Err(e) if !was_sent(e) => false,
-            // The check's own call's vote once it was answered; before that,
-            // the master's.
-            Err(_) => check_vote.unwrap_or_else(|| self.failure_speaks(master.as_deref())),
+            // The vote of the call that failed, when known (none when an
+            // abandoned call reported itself); else the master's.
+            Err(_) => vote.unwrap_or_else(|| self.failure_speaks(master.as_deref())),
         };
         Checked {
             result,
@@ -942,16 +934,22 @@ impl RedisTier {
     }
 
     /// [`check_after_key`](Self::check_after_key) on one server: the
-    /// write-backs and the check in one pipeline.
+    /// write-backs and the check in one pipeline (with a striped
+    /// write-back's spills), then a striped check's further stripes, all by
+    /// one deadline. Also answers the vote of the call that failed, when
+    /// known: none when the deadline dropped a call of this check's own,
+    /// which reports itself as abandoned ([`UnderWay`]).
     async fn check_after_on_one(
         &self,
         key: &CheckKey<'_>,
         set: &RuleSet,
         cost: u64,
         writes: &[WriteBack<'_>],
-    ) -> Result<(Verdict, Vec<Result<Written>>)> {
-        set.validate_cost(cost)?;
-        let started = tokio::time::Instant::now();
+    ) -> (Result<(Verdict, Vec<Result<Written>>)>, Option<bool>) {
+        if let Err(e) = set.validate_cost(cost) {
+            return (Err(e), None);
+        }
+        let deadline = tokio::time::Instant::now() + self.inner.deadline;
         // A striped set's check asks one stripe here, the others after.
         let stripe = first_stripe(set);
         let check = command::check(
@@ -962,54 +960,70 @@ impl RedisTier {
             cost,
             fastrand::u64(..),
         );
-        let (mut pipe, parts) = self.writeback_pipeline(writes, 1)?;
-        pipe.add_command(check);
-        let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
-        // A server that restarted since holds the check script (every check
-        // loads it) but maybe not the reconcile script: the pipeline would get
-        // NOSCRIPT for the write-backs only, run the check, and re-send them
-        // after it. So the reconcile script is loaded first, once per
-        // connection and again after any call met NOSCRIPT or failed on its
-        // connection, under the same deadline as the pipeline. (The library
-        // holds both: with Functions, both are there or neither.)
-        let loaded = &self.inner.reconcile_loaded;
-        let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
-        self.call(|conn| async {
-            if scripts && !loaded.load(Ordering::Acquire) {
-                send_refused_once(conn.clone(), |mut c| async move {
-                    RECONCILE.load_async(&mut c).await
-                })
-                .await?;
-                loaded.store(true, Ordering::Release);
-            }
-            self.pipeline_routines(conn, &pipe, &mut replies, None)
-                .await
-        })
-        .await
-        .map_err(Failure::into_error)?;
-        let check = match replies.pop().flatten() {
-            Some(Value::ServerError(e)) => Err(classify_server(e)),
-            Some(reply) => parse_verdict(reply, stripe_set(set, stripe)),
-            None => Err(timeout()),
+        let (mut pipe, parts) = match self.writeback_pipeline(writes, 1) {
+            Ok(made) => made,
+            Err(e) => return (Err(e), None),
         };
-        let replies = replies.into_iter().map(|r| r.ok_or_else(timeout));
-        let written = self.outcomes(writes, parts, replies).await;
+        pipe.add_command(check);
+        let under_way = UnderWay::new(self);
+        let first = async {
+            let mut replies: Vec<Option<Value>> = vec![None; pipe.len()];
+            // A server that restarted since holds the check script (every
+            // check loads it) but maybe not the reconcile script: the
+            // pipeline would get NOSCRIPT for the write-backs only, run the
+            // check, and re-send them after it. So the reconcile script is
+            // loaded first, once per connection and again after any call
+            // met NOSCRIPT or failed on its connection, under the same
+            // deadline as the pipeline. (The library holds both: with
+            // Functions, both are there or neither.)
+            let loaded = &self.inner.reconcile_loaded;
+            let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
+            self.call(|conn| async {
+                if scripts && !loaded.load(Ordering::Acquire) {
+                    send_refused_once(conn.clone(), |mut c| async move {
+                        RECONCILE.load_async(&mut c).await
+                    })
+                    .await?;
+                    loaded.store(true, Ordering::Release);
+                }
+                self.pipeline_routines(conn, &pipe, &mut replies, None)
+                    .await
+            })
+            .await
+            .map_err(Failure::into_error)?;
+            let check = match replies.pop().flatten() {
+                Some(Value::ServerError(e)) => Err(classify_server(e)),
+                Some(reply) => parse_verdict(reply, stripe_set(set, stripe)),
+                None => Err(timeout()),
+            };
+            let replies = replies.into_iter().map(|r| r.ok_or_else(timeout));
+            // A striped write-back's spills are round trips of their own.
+            let written = self.outcomes(writes, parts, replies).await;
+            Ok((check, written))
+        };
+        let (check, written) = match tokio::time::timeout_at(deadline, first).await {
+            Ok(Ok(first)) => {
+                under_way.ended();
+                first
+            }
+            Ok(Err(e)) => {
+                under_way.ended();
+                return (Err(e), Some(true));
+            }
+            // `under_way`, dropped unended, reports the call.
+            Err(_) => return (Err(timeout()), Some(false)),
+        };
         let checked = Checked {
             result: check,
             counts_call: true,
         };
-        let check = self
-            .continue_striped(
-                key,
-                set,
-                cost,
-                stripe,
-                checked,
-                started + self.inner.deadline,
-            )
-            .await
-            .result?;
-        Ok((check, written))
+        let done = self
+            .continue_striped(key, set, cost, stripe, checked, deadline)
+            .await;
+        (
+            done.result.map(|verdict| (verdict, written)),
+            Some(done.counts_call),
+        )
     }
 
     /// [`check_after_key`](Self::check_after_key) on a Cluster: the write-backs
@@ -1017,7 +1031,8 @@ impl RedisTier {
     /// then the check, one after the other, both within one deadline. Two
     /// round trips instead of one pipeline: the write-backs reach their
     /// nodes, scripts reloaded, before the check is sent. Also answers the
-    /// check's own [`Checked::counts_call`] once it was answered.
+    /// check's own [`Checked::counts_call`] once it was answered, and none
+    /// when the deadline dropped a call (which reports itself as abandoned).
     async fn check_after_on_cluster(
         &self,
         key: &CheckKey<'_>,
@@ -1031,15 +1046,20 @@ impl RedisTier {
             if let Some(down) = self.node_down(key.escaped()) {
                 return Err(down);
             }
-            let written = self.reconcile(writes).await?;
+            let writing = UnderWay::new(self);
+            let written = self.reconcile(writes).await;
+            writing.ended();
+            let written = written?;
             let checked = self.check_key(key, set, cost).await;
             check_vote = Some(checked.counts_call);
             Ok((checked.result?, written))
         };
-        let result = tokio::time::timeout(self.inner.deadline, both)
-            .await
-            .unwrap_or_else(|_| Err(timeout()));
-        (result, check_vote)
+        match tokio::time::timeout(self.inner.deadline, both).await {
+            Ok(result) => (result, check_vote),
+            // The call it dropped (the write-backs', or the check's own)
+            // reports itself as abandoned.
+            Err(_) => (Err(timeout()), Some(false)),
+        }
     }
 
     /// The write-backs' `EVALSHA`s, each with its keys' hash slot (see
