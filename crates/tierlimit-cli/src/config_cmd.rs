@@ -111,6 +111,7 @@ fn describe_rule(rule: &Rule) -> String {
         },
     );
     let offset = match rule.utc_offset_secs() {
+        0 if rule.is_calendar() => "@UTC".to_owned(),
         0 => String::new(),
         s => format!(
             "@{}{:02}:{:02}",

@@ -70,7 +70,7 @@ fn config_check_lists_every_problem_with_its_path_and_line() {
 fn config_check_describes_a_valid_file() {
     let file = TempFile::new(
         "good.toml",
-        "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[rule_sets.api]\nrules = [\"100/s\", { limit = 20, per = \"1m\", algorithm = \"token-bucket\", burst = 5 }, \"1000/day@+08:00\"]\n[rule_sets.login]\npolicy = \"fail-closed\"\nrules = [\"5/min\"]\n",
+        "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[rule_sets.api]\nrules = [\"100/s\", { limit = 20, per = \"1m\", algorithm = \"token-bucket\", burst = 5 }, \"1000/day@+08:00\", \"50/h@UTC\"]\n[rule_sets.login]\npolicy = \"fail-closed\"\nrules = [\"5/min\"]\n",
     );
     let out = tierlimit()
         .args(["config", "check", file.path()])
@@ -85,7 +85,7 @@ fn config_check_describes_a_valid_file() {
     assert!(stdout.contains("valid; 2 rule sets"), "{stdout}");
     assert!(
         stdout
-            .contains("100/s (gcra), 20/min (token-bucket, burst 5), 1000/d@+08:00 (fixed-window)"),
+            .contains("100/s (gcra), 20/min (token-bucket, burst 5), 1000/d@+08:00 (fixed-window), 50/h@UTC (fixed-window)"),
         "{stdout}"
     );
     assert!(stdout.contains("policy fail-closed"), "{stdout}");

@@ -243,7 +243,9 @@ impl Rule {
     }
 
     /// Aligns fixed windows to a UTC offset in seconds (fixed window only), so a
-    /// day-long window is the natural day of that time zone.
+    /// day-long window is the natural day of that time zone. The period must
+    /// divide a day evenly ([`Error::CalendarPeriod`]), so every window
+    /// starts at local midnight or a fraction of a day after it.
     pub fn with_utc_offset(self, utc_offset_secs: i64) -> Result<Rule> {
         let utc_offset_s = i32::try_from(utc_offset_secs)
             .ok()
@@ -343,9 +345,10 @@ impl Rule {
         self.utc_offset_s
     }
 
-    /// Whether the rule counts calendar windows (a UTC offset was given, UTC
-    /// itself included).
-    pub(crate) fn is_calendar(&self) -> bool {
+    /// Whether the rule counts calendar windows: a UTC offset was given
+    /// ([`with_utc_offset`](Self::with_utc_offset), `"10/day@UTC"`), UTC
+    /// itself included.
+    pub fn is_calendar(&self) -> bool {
         self.calendar
     }
 

@@ -118,7 +118,7 @@ struct Inner {
     /// were last dropped or replaced (every probe drops them), and since then
     /// no call failed on its connection (a restart) and no script call met
     /// `NOSCRIPT` (the server lost its scripts); see [`RedisTier::check_after`].
-    reconcile_loaded: AtomicBool,
+    reconcile_loaded: LoadedNote,
     /// Functions or scripts (`MODE_*`): chosen by the first call on a
     /// connection, chosen again after the connections are dropped or replaced.
     mode: AtomicU8,
@@ -192,7 +192,7 @@ impl RedisTier {
                 bulk: ArcSwapOption::empty(),
                 replacing: AtomicBool::new(false),
                 replaced: AtomicU64::new(0),
-                reconcile_loaded: AtomicBool::new(false),
+                reconcile_loaded: LoadedNote::default(),
                 mode: AtomicU8::new(MODE_UNKNOWN),
                 batcher: Arc::new(Batcher::new(config.max_batch)),
                 nodes: Arc::new(Nodes::new(NODE_DOWN_FOR)),
@@ -976,15 +976,16 @@ impl RedisTier {
             // met NOSCRIPT or failed on its connection, under the same
             // deadline as the pipeline. (The library holds both: with
             // Functions, both are there or neither.)
-            let loaded = &self.inner.reconcile_loaded;
+            let note = &self.inner.reconcile_loaded;
             let scripts = self.inner.mode.load(Ordering::Relaxed) == MODE_SCRIPTS;
             self.call(|conn| async {
-                if scripts && !loaded.load(Ordering::Acquire) {
+                let seen = note.read();
+                if scripts && !LoadedNote::is_loaded(seen) {
                     send_refused_once(conn.clone(), |mut c| async move {
                         RECONCILE.load_async(&mut c).await
                     })
                     .await?;
-                    loaded.store(true, Ordering::Release);
+                    note.loaded(seen);
                 }
                 self.pipeline_routines(conn, &pipe, &mut replies, None)
                     .await
@@ -1154,7 +1155,7 @@ impl RedisTier {
     pub fn drop_connection(&self) {
         self.inner.conn.store(None);
         self.inner.bulk.store(None);
-        self.inner.reconcile_loaded.store(false, Ordering::Release);
+        self.inner.reconcile_loaded.forget();
         self.inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
     }
 
@@ -1194,7 +1195,7 @@ impl RedisTier {
                 Ok(Ok(fresh)) => {
                     inner.conn.store(Some(Arc::new(fresh)));
                     inner.mode.store(MODE_UNKNOWN, Ordering::Relaxed);
-                    inner.reconcile_loaded.store(false, Ordering::Release);
+                    inner.reconcile_loaded.forget();
                     inner.replaced.fetch_add(1, Ordering::Relaxed);
                     tracing::info!("replaced the Redis connection");
                 }
@@ -1450,7 +1451,7 @@ impl RedisTier {
                     // The server may have restarted, its scripts lost: a
                     // restart breaks every connection, and another instance
                     // may meet the NOSCRIPT that would have told this one.
-                    self.inner.reconcile_loaded.store(false, Ordering::Release);
+                    self.inner.reconcile_loaded.forget();
                 }
                 Err(Failure::Redis(e))
             }
@@ -1751,6 +1752,39 @@ impl Drop for UnderWay<'_> {
     }
 }
 
+/// Whether a script is loaded on the server, as a count: odd while it is.
+/// Forgetting always moves to a later even count, so a load that raced a
+/// reason to forget it (its connection failed meanwhile, say) cannot mark
+/// it loaded afterwards.
+#[derive(Debug, Default)]
+struct LoadedNote(AtomicU64);
+
+impl LoadedNote {
+    /// The note now, for [`is_loaded`](Self::is_loaded) and
+    /// [`loaded`](Self::loaded).
+    fn read(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn is_loaded(read: u64) -> bool {
+        read & 1 == 1
+    }
+
+    /// The script was loaded after the note read `read`: loaded, unless it
+    /// was forgotten since.
+    fn loaded(&self, read: u64) {
+        let _ = self
+            .0
+            .compare_exchange(read, read | 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    fn forget(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some((n | 1) + 1));
+    }
+}
+
 /// Resets a flag when the task holding it ends, however it ends.
 struct ClearOnDrop<'a>(&'a AtomicBool);
 
@@ -1803,7 +1837,7 @@ impl RedisTier {
             return if is_noscript(reply) {
                 // The server lost its scripts (a flush, a restart): the
                 // reconcile script too, which `check_after` loads first.
-                self.inner.reconcile_loaded.store(false, Ordering::Release);
+                self.inner.reconcile_loaded.forget();
                 Need::Script(routine)
             } else {
                 Need::Nothing
@@ -2076,6 +2110,24 @@ mod tests {
     use super::*;
     use tierlimit_core::Rule;
     use tierlimit_test::RedisServer;
+
+    /// A load that raced a reason to forget the script does not mark it
+    /// loaded: the store of `true` after the load could overwrite a failed
+    /// connection's `false`.
+    #[test]
+    fn a_note_forgotten_during_a_load_stays_forgotten() {
+        let note = LoadedNote::default();
+        let seen = note.read();
+        assert!(!LoadedNote::is_loaded(seen));
+        note.forget();
+        note.loaded(seen);
+        assert!(!LoadedNote::is_loaded(note.read()), "forgotten meanwhile");
+        let seen = note.read();
+        note.loaded(seen);
+        assert!(LoadedNote::is_loaded(note.read()));
+        note.forget();
+        assert!(!LoadedNote::is_loaded(note.read()));
+    }
 
     /// A batch's task dropped before its first poll (its runtime shut down)
     /// still ends its call. The call's count stayed, and once two had

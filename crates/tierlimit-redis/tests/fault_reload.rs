@@ -224,7 +224,11 @@ async fn batch_after_flush(server: &RedisServer, tier: &RedisTier, calls: &str) 
             assert_eq!(v.decision.remaining, 5 - round, "each check consumed once");
         }
         let err = results[keys.len()].as_ref().expect_err("wrong type");
-        assert_eq!(err.redis_failure(), Some(RedisFailure::WrongType), "{err:?}");
+        assert_eq!(
+            err.redis_failure(),
+            Some(RedisFailure::WrongType),
+            "{err:?}"
+        );
     }
 
     // With the code loaded, one call per check, failures not re-sent.

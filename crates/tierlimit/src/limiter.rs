@@ -450,7 +450,7 @@ impl DefaultPolicy {
 /// How a call that failed with `e` goes to the breaker
 /// ([`Inner::record_call`]'s `failed`): as a failure, by our deadline or not;
 /// or, for a fault of one key (Redis answered), as an answer.
-fn failed(e: &Error) -> Option<bool> {
+pub(crate) fn failed(e: &Error) -> Option<bool> {
     (!e.is_key_fault()).then(|| e.is_timeout())
 }
 

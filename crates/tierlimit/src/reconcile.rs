@@ -36,7 +36,7 @@ use tierlimit_local::Claim;
 use tierlimit_redis::{WriteBack, Written};
 
 use crate::breaker::BreakerState;
-use crate::limiter::Inner;
+use crate::limiter::{Inner, failed};
 use crate::metrics;
 
 /// Settings of the reconciler.
@@ -329,7 +329,7 @@ async fn drain(inner: &Arc<Inner>) {
         units += sent.units;
         batches += 1;
         if sent.counts_call {
-            inner.record_call(epoch, latency, sent.failed.as_ref().map(Error::is_timeout));
+            inner.record_call(epoch, latency, sent.failed.as_ref().and_then(failed));
         }
         if let Some(e) = sent.failed {
             tracing::debug!(error = %e, "reconcile batch failed; it will be re-sent");
