@@ -116,8 +116,9 @@ pub struct Checked<T = Verdict> {
 }
 
 /// A check's call that no check's [`Checked::counts_call`] reported,
-/// because the caller dropped the check first (an outer timeout, a client
-/// gone): handed to the hook set with
+/// because the check was dropped first (by its caller: an outer timeout, a
+/// client gone; or by the deadline of a striped check or of one carrying
+/// write-backs, over the call): handed to the hook set with
 /// [`RedisTier::on_unheard`](crate::RedisTier::on_unheard), so a circuit
 /// breaker still hears of every call. Without it, callers that give up
 /// sooner than the deadline would hide a hung server from the breaker.
@@ -133,8 +134,8 @@ pub enum Unheard {
         /// How it ended.
         result: Result<()>,
     },
-    /// A check's own call was dropped by its caller `after` this long,
-    /// unanswered so far: how it would have ended is unknown.
+    /// A check's own call was dropped `after` this long, unanswered so
+    /// far: how it would have ended is unknown.
     Abandoned {
         /// How long the call had been under way.
         after: Duration,

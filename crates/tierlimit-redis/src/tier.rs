@@ -203,9 +203,9 @@ impl RedisTier {
     }
 
     /// Sets `hook` to hear of every check's call that no
-    /// [`Checked::counts_call`] reported because the caller dropped its
-    /// check first (see [`Unheard`]), so a circuit breaker fed by both
-    /// hears of every call. Called on the task that ended the call or
+    /// [`Checked::counts_call`] reported because its check was dropped
+    /// first (see [`Unheard`]), so a circuit breaker fed by both hears of
+    /// every call once. Called on the task that ended the call or
     /// dropped the check: keep it short. Set once: false when a hook was set
     /// already (this one is dropped).
     pub fn on_unheard(&self, hook: impl Fn(Unheard) + Send + Sync + 'static) -> bool {

@@ -1179,7 +1179,8 @@ impl Inner {
         }
     }
 
-    /// A call no check reported, its caller having dropped the check. One
+    /// A call no check reported: its check was dropped while it ran (by the
+    /// caller, or by a deadline over the whole check). One
     /// dropped unanswered after the slow-call threshold counts as a call
     /// that timed out: that long without an answer is what a hung server's
     /// calls all show, and a caller that gives up sooner than the deadline
