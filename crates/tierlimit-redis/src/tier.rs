@@ -1718,8 +1718,9 @@ impl Drop for Flight<'_> {
     }
 }
 
-/// A check's own call under way, in its caller's future: a caller that
-/// drops the check before the call ends leaves the call unreported, so it is
+/// A check's own call under way, in its caller's future: dropped before the
+/// call ends (by the caller, or by a deadline over the whole check, which
+/// then leaves the vote to it), the call would go unreported, so it is
 /// handed to the [`Unheard`] hook as abandoned.
 struct UnderWay<'a> {
     tier: &'a RedisTier,
