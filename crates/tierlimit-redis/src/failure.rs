@@ -19,7 +19,8 @@ pub(crate) fn timeout() -> Error {
     Error::redis(RedisFailure::Timeout, None)
 }
 
-fn failure_of(err: &RedisError) -> RedisFailure {
+/// The class of `err`, as [`classify`] names it.
+pub(crate) fn failure_of(err: &RedisError) -> RedisFailure {
     match err.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => return RedisFailure::NoScript,
         ErrorKind::Server(ServerErrorKind::ReadOnly) => return RedisFailure::ReadOnly,

@@ -23,7 +23,7 @@ use crate::batch::{
 use crate::cluster::{Backend, Conn, check_slot, group_by_slot, join_all, key_slot, seed_urls};
 use crate::command;
 use crate::config::{RECONNECT_MIN_DELAY, invalid, redact_url, scrub};
-use crate::failure::{classify, classify_server, timeout};
+use crate::failure::{classify, classify_server, failure_of, timeout};
 use crate::nodes::{Master, Nodes, SlotMap};
 use crate::reconcile::{Parts, WriteBack, Written, add_reconcile_cmds, reconcile_cmd};
 use crate::script::{Head, Routine, ScriptMode, as_evalsha};
@@ -157,6 +157,13 @@ impl Failure {
         match self {
             Failure::Timeout => timeout(),
             Failure::Redis(e) => classify(e.clone()),
+        }
+    }
+
+    fn kind(&self) -> RedisFailure {
+        match self {
+            Failure::Timeout => RedisFailure::Timeout,
+            Failure::Redis(e) => failure_of(e),
         }
     }
 }
@@ -1250,20 +1257,14 @@ impl RedisTier {
     /// few in a row mark it down for [`NODE_DOWN_FOR`], and its connection
     /// is dropped) and the slot map is read again.
     fn node_failed(&self, conn: &ArcSwapOption<Conn>, master: &Master, failure: &Failure) {
-        let kind = match failure {
-            Failure::Timeout => Some(RedisFailure::Timeout),
-            Failure::Redis(_) => failure.to_error().redis_failure(),
-        };
         if matches!(
-            kind,
-            Some(
-                RedisFailure::Timeout
-                    | RedisFailure::ConnectionRefused
-                    | RedisFailure::ConnectionLost
-                    | RedisFailure::ClusterUnavailable
-                    | RedisFailure::ReadOnly
-                    | RedisFailure::Loading
-            )
+            failure.kind(),
+            RedisFailure::Timeout
+                | RedisFailure::ConnectionRefused
+                | RedisFailure::ConnectionLost
+                | RedisFailure::ClusterUnavailable
+                | RedisFailure::ReadOnly
+                | RedisFailure::Loading
         ) {
             if let Some(addr) = self.inner.nodes.failed(master, self.monotonic_us())
                 && let Some(conn) = conn.load().as_deref()
@@ -1446,17 +1447,20 @@ impl RedisTier {
         };
         let outcome = match tokio::time::timeout(budget, work).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    // The server may have restarted, its scripts lost: a
-                    // restart breaks every connection, and another instance
-                    // may meet the NOSCRIPT that would have told this one.
-                    self.inner.reconcile_loaded.forget();
-                }
-                Err(Failure::Redis(e))
-            }
+            Ok(Err(e)) => Err(Failure::Redis(e)),
             Err(_) => Err(Failure::Timeout),
         };
+        if let Err(failure) = &outcome
+            && matches!(
+                failure.kind(),
+                RedisFailure::ConnectionRefused | RedisFailure::ConnectionLost
+            )
+        {
+            // The server may have restarted, its scripts lost: a restart
+            // breaks every connection, and another instance may meet the
+            // NOSCRIPT that would have told this one.
+            self.inner.reconcile_loaded.forget();
+        }
         if self.inner.nodes.take_moved() {
             self.refresh_slots();
         }
