@@ -125,11 +125,12 @@ impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
     }
 
     /// As [`get_or_try_insert`](Self::get_or_try_insert), looking `probe` up
-    /// first: the owned key is built (`make_key`) only when it is absent.
+    /// first: the owned key is built (`make_key`) only when it is absent, and
+    /// `None` from it refuses the entry as a full map does.
     pub(crate) fn get_or_try_insert_with<Q>(
         &self,
         probe: &Q,
-        make_key: impl FnOnce() -> K,
+        make_key: impl FnOnce() -> Option<K>,
         make: impl FnOnce(&K) -> V,
     ) -> Option<RefMut<'_, K, V>>
     where
@@ -138,7 +139,7 @@ impl<K: Eq + Hash + Clone + KeyBytes, V: ValueBytes> BoundedMap<K, V> {
     {
         match self.map.get_mut(probe) {
             Some(found) => Some(found),
-            None => self.get_or_try_insert(make_key(), make),
+            None => self.get_or_try_insert(make_key()?, make),
         }
     }
 

@@ -13,7 +13,7 @@ use tierlimit_core::{
 
 use crate::bounded::{BoundedMap, ValueBytes};
 use crate::engine::{RuleEngine, Tat, governor_check};
-use crate::key::{LocalKey, Probe};
+use crate::key::{LocalKey, Probe, SharedSets};
 use crate::slot::{self, Eval, Share, Slot};
 use crate::{Claim, Ledger};
 
@@ -49,8 +49,9 @@ pub struct LocalConfig {
     /// Most outage-ledger entries; see [`Ledger`].
     pub max_ledger_entries: usize,
     /// Most bytes the local tier's maps may take together (default 256 MiB,
-    /// at least 1 MiB): the buckets and the ledger get 3/8 each, the denial
-    /// cache and the warm-start map 1/8 each. Each entry is charged its key's
+    /// at least 1 MiB): the ledger gets 3/8, the buckets 5/16, the denial
+    /// cache and the warm-start map 1/8 each, and the rule sets their keys
+    /// hold (one copy per distinct set) 1/16. Each entry is charged its key's
     /// bytes and its slot, so long keys hit this bound before the entry
     /// bounds: a full map refuses new entries as it does at its entry bound.
     /// What the process really takes stays within about this (the test
@@ -426,9 +427,9 @@ struct Denial {
     retry_until_us: u64,
     cost: u64,
     decision: Decision,
-    /// The set Redis denied: a set of the same identity with other limits
-    /// gets no answer from this denial.
-    set: RuleSet,
+    /// The set Redis denied (its shared copy): a set of the same identity
+    /// with other limits gets no answer from this denial.
+    set: Arc<RuleSet>,
 }
 
 impl ValueBytes for Denial {}
@@ -510,6 +511,8 @@ pub struct LocalTier {
     buckets: BoundedMap<LocalKey, Bucket>,
     denials: BoundedMap<LocalKey, Denial>,
     warm: BoundedMap<LocalKey, Warm>,
+    /// The rule sets the keys of the three maps above hold, one copy each.
+    sets: SharedSets,
     /// Engines by (identity and limits hash, instance count), shared by
     /// their buckets: see `engine_slot`.
     engines: DashMap<(u64, u64), Arc<SetEngine>>,
@@ -545,9 +548,10 @@ impl LocalTier {
         config.validate()?;
         let tier = LocalTier {
             clock,
-            buckets: BoundedMap::new(config.max_keys, config.max_bytes / 8 * 3),
+            buckets: BoundedMap::new(config.max_keys, config.max_bytes / 16 * 5),
             denials: BoundedMap::new(config.max_denials, config.max_bytes / 8),
             warm: BoundedMap::new(config.max_warm_keys, config.max_bytes / 8),
+            sets: SharedSets::new(config.max_keys, config.max_bytes / 16),
             engines: DashMap::new(),
             ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
             owing: AtomicBool::new(false),
@@ -952,7 +956,7 @@ impl LocalTier {
         };
         // The warm store is a different map, so reading it while holding this
         // bucket's shard lock cannot deadlock.
-        let Some(mut bucket) = self.buckets.entry_of(set, escaped_key, make) else {
+        let Some(mut bucket) = self.buckets.entry_of(&self.sets, set, escaped_key, make) else {
             self.refused.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
@@ -1047,7 +1051,7 @@ impl LocalTier {
         outage: u64,
         seeds: impl Iterator<Item = (u64, u64, u64)>,
     ) -> bool {
-        let Some(mut w) = self.warm.entry_of(set, escaped_key, |_| Warm {
+        let Some(mut w) = self.warm.entry_of(&self.sets, set, escaped_key, |_| Warm {
             seen_at_us: 0,
             expires_us: 0,
             outage: 0,
@@ -1167,18 +1171,20 @@ impl LocalTier {
         }
         let outage = self.outage();
         self.decided_in(outage);
-        let bucket = self.buckets.entry_of(set, escaped_key, |_| Bucket {
-            engine: None,
-            outage,
-            rules: set
-                .rules()
-                .iter()
-                .map(|_| RuleCell {
-                    state: State::Own(Slot::Tat(0)),
-                    owed: Owed::new(),
-                })
-                .collect(),
-        });
+        let bucket = self
+            .buckets
+            .entry_of(&self.sets, set, escaped_key, |_| Bucket {
+                engine: None,
+                outage,
+                rules: set
+                    .rules()
+                    .iter()
+                    .map(|_| RuleCell {
+                        state: State::Own(Slot::Tat(0)),
+                        owed: Owed::new(),
+                    })
+                    .collect(),
+            });
         match bucket {
             Some(mut bucket) => self.owe(set, escaped_key, &mut bucket.rules, cost, now),
             // No room for the key: straight to the ledger, which counts what
@@ -1257,15 +1263,18 @@ impl LocalTier {
             let early = (retry_us as f64 * DENIAL_SPREAD * fastrand::f64()) as u64;
             denial.until_us = retry_until_us - early.min(retry_us);
         };
+        let Some(shared) = self.sets.share(set) else {
+            return;
+        };
         let mut denial = Denial {
             until_us: retry_until_us,
             retry_until_us,
             cost,
             decision: *decision,
-            set: set.clone(),
+            set: shared,
         };
         let mut fresh = false;
-        let Some(mut d) = self.denials.entry_of(set, escaped_key, |_| {
+        let Some(mut d) = self.denials.entry_of(&self.sets, set, escaped_key, |_| {
             fresh = true;
             denial.clone()
         }) else {
@@ -1369,6 +1378,7 @@ impl LocalTier {
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
+        self.sets.prune();
     }
 
     /// Number of local buckets.
@@ -1388,7 +1398,11 @@ impl LocalTier {
 
     /// Bytes charged to the local tier's maps (see [`LocalConfig::max_bytes`]).
     pub fn bytes(&self) -> usize {
-        self.buckets.bytes() + self.denials.bytes() + self.warm.bytes() + self.ledger.bytes()
+        self.buckets.bytes()
+            + self.denials.bytes()
+            + self.warm.bytes()
+            + self.sets.bytes()
+            + self.ledger.bytes()
     }
 
     /// Number of keys whose last Redis-reported state is kept for warm starts.
