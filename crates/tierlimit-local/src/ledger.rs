@@ -21,6 +21,9 @@ struct Units {
     /// `claim` and `hold` are given): its write-back failed, see
     /// [`Ledger::hold`].
     held_until_us: u64,
+    /// The ledger's frame when the units were last recorded: the wall clock
+    /// their times are on, as an offset from the monotonic clock.
+    frame_us: u64,
 }
 
 impl ValueBytes for Units {}
@@ -77,6 +80,10 @@ pub struct Ledger {
     overflow_units: AtomicU64,
     expired_units: AtomicU64,
     parked_units: AtomicU64,
+    /// Wall clock minus monotonic clock (µs, wrapping) as the local tier
+    /// last measured it: the frame the times recorded now are in. See
+    /// [`drop_expired`](Ledger::drop_expired).
+    frame_us: AtomicU64,
 }
 
 impl Ledger {
@@ -89,7 +96,14 @@ impl Ledger {
             overflow_units: AtomicU64::new(0),
             expired_units: AtomicU64::new(0),
             parked_units: AtomicU64::new(0),
+            frame_us: AtomicU64::new(0),
         }
+    }
+
+    /// The local tier measured the wall clock at `offset_us` (wrapping) from
+    /// its monotonic clock: times recorded from now on are in that frame.
+    pub(crate) fn set_frame(&self, offset_us: u64) {
+        self.frame_us.store(offset_us, Ordering::Relaxed);
     }
 
     /// Records `units` admitted locally for `storage_key` under `rule` at `now_us`.
@@ -118,6 +132,7 @@ impl Ledger {
         last_us: u64,
     ) {
         let window = window_index(rule, last_us);
+        let frame_us = self.frame_us.load(Ordering::Relaxed);
         let entry = self
             .entries
             .get_or_try_insert((storage_key, window), |_| Units {
@@ -128,6 +143,7 @@ impl Ledger {
                 last_us,
                 sending: None,
                 held_until_us: 0,
+                frame_us,
             });
         let overflow = match entry {
             Some(mut e) => {
@@ -140,6 +156,7 @@ impl Ledger {
                 e.units += added;
                 self.units.fetch_add(added, Ordering::Relaxed);
                 e.last_us = e.last_us.max(last_us);
+                e.frame_us = frame_us;
                 units - added
             }
             None => units,
@@ -294,11 +311,20 @@ impl Ledger {
     /// returns how many units they held (also counted in
     /// [`expired_units`](Ledger::expired_units) and the metric
     /// `tierlimit_ledger_dropped_units_total{reason="expired"}`).
+    ///
+    /// Each entry is judged on the wall clock its times were recorded on:
+    /// `now_us` moved by however far the local tier has since measured the
+    /// wall clock step from the monotonic one. A wall clock stepped forward
+    /// during an outage (a VM resumed, NTP correcting a slow clock) made
+    /// every unit admitted before the step look that much older, and units
+    /// Redis still counted were dropped unwritten.
     pub fn drop_expired(&self, now_us: u64) -> u64 {
         let mut dropped = 0;
+        let current = self.frame_us.load(Ordering::Relaxed);
         self.entries.retain(|(key, _), u| {
             let e = LedgerEntry::new(key.clone(), u.rule.clone(), u.units, u.first_us, u.last_us);
-            let live = e.expires_at_us() > now_us;
+            let now_then = now_us.wrapping_add(u.frame_us.wrapping_sub(current));
+            let live = e.expires_at_us() > now_then;
             if !live {
                 dropped += u.units;
             }

@@ -588,6 +588,7 @@ impl LocalTier {
     fn sync_clocks(&self, now: Now) {
         let offset = now.unix_us.wrapping_sub(now.mono_ns / 1_000);
         self.unix_offset_us.store(offset, Ordering::Relaxed);
+        self.ledger.set_frame(offset);
     }
 
     /// Counts one more denial expiring at `until_us`; true when that

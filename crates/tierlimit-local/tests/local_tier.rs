@@ -1,7 +1,7 @@
 //! The local tier's bounds, denial cache and warm start, with a fake clock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tierlimit_core::{Algorithm, Clock, Decision, FakeClock, Rule, RuleSet, Tier};
@@ -533,11 +533,12 @@ fn back_to_back_outages_settle_the_buckets_of_both() {
     assert!(local.is_empty());
 }
 
-/// A wall clock that can step back, as NTP steps it.
+/// A wall clock that can step back or forward on its own, as NTP steps it
+/// or a VM resumes.
 #[derive(Debug)]
 struct SteppingClock {
     inner: FakeClock,
-    back_us: AtomicU64,
+    step_us: AtomicI64,
 }
 
 impl Clock for SteppingClock {
@@ -546,7 +547,9 @@ impl Clock for SteppingClock {
     }
 
     fn unix_micros(&self) -> u64 {
-        self.inner.unix_micros() - self.back_us.load(Ordering::Relaxed)
+        self.inner
+            .unix_micros()
+            .wrapping_add_signed(self.step_us.load(Ordering::Relaxed))
     }
 }
 
@@ -562,7 +565,7 @@ fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
     // 0.2 s into a minute.
     let clock = Arc::new(SteppingClock {
         inner: FakeClock::new(1_699_999_980_200_000),
-        back_us: AtomicU64::new(0),
+        step_us: AtomicI64::new(0),
     });
     let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
     let rule = |algorithm| {
@@ -577,11 +580,11 @@ fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
     }
     // Back 0.5 s, into the minute before, where the 40 left are all there
     // is; then forward again.
-    clock.back_us.store(500_000, Ordering::Relaxed);
+    clock.step_us.store(-500_000, Ordering::Relaxed);
     for set in [&fixed, &sliding] {
         assert_eq!(admitted(&local, "k", set, 1, 200), 40, "{}", set.name());
     }
-    clock.back_us.store(0, Ordering::Relaxed);
+    clock.step_us.store(0, Ordering::Relaxed);
     for set in [&fixed, &sliding] {
         assert_eq!(admitted(&local, "k", set, 1, 200), 0, "{}", set.name());
     }
@@ -591,7 +594,7 @@ fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
     assert_eq!(admitted(&local, "j", &sliding, 1, 60), 60);
     clock.inner.advance(Duration::from_secs(60));
     assert_eq!(admitted(&local, "j", &sliding, 1, 200), 40);
-    clock.back_us.store(500_000, Ordering::Relaxed);
+    clock.step_us.store(-500_000, Ordering::Relaxed);
     assert_eq!(admitted(&local, "j", &sliding, 1, 200), 0);
 }
 
@@ -660,4 +663,41 @@ fn a_second_outage_while_the_first_settles_goes_on_from_its_bucket() {
         0,
         "its share is spent: a report that undercounts the fleet gave it 14 more"
     );
+}
+
+#[test]
+fn a_wall_clock_stepped_forward_during_an_outage_drops_no_owed_units() {
+    let clock = Arc::new(SteppingClock {
+        inner: FakeClock::default(),
+        step_us: AtomicI64::new(0),
+    });
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    // A minute's bucket: its units matter for a minute after the last.
+    let set = RuleSet::new("api", [Rule::per_minute(60).expect("valid")]).expect("valid");
+    for _ in 0..5 {
+        assert!(allowed(local.check("k", &set, 1, 1, true)));
+    }
+    local.prune();
+    assert_eq!(
+        local.ledger().units(),
+        5,
+        "the bucket's debt reached the ledger"
+    );
+
+    // One second later on the monotonic clock, the wall clock jumps 2 minutes.
+    clock.inner.advance(Duration::from_secs(1));
+    clock.step_us.store(120_000_000, Ordering::Relaxed);
+    local.prune();
+    let dropped = local.ledger().drop_expired(clock.unix_micros());
+    assert_eq!(
+        (dropped, local.ledger().units()),
+        (0, 5),
+        "units admitted a second ago were dropped as expired after the wall clock stepped"
+    );
+
+    // A minute on, they have expired by any clock.
+    clock.inner.advance(Duration::from_secs(60));
+    local.prune();
+    assert_eq!(local.ledger().drop_expired(clock.unix_micros()), 5);
+    assert_eq!(local.ledger().units(), 0);
 }
