@@ -65,6 +65,30 @@ async fn rediss_refuses_a_server_whose_certificate_another_ca_signed() {
     assert_eq!(server.script_calls().await, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_refuses_a_certificate_that_does_not_name_the_urls_host() {
+    // Signed by the CA the tier trusts, for `localhost` only.
+    let server = RedisServer::start_tls_naming_localhost(&[]);
+    let ca = server.tls_ca_pem().expect("a TLS server");
+    assert!(server.url().starts_with("rediss://127.0.0.1:"));
+    let err = tls_tier(&server.url(), ca)
+        .check("user:1", &set(), 1)
+        .await
+        .expect_err("a certificate that does not name 127.0.0.1 must not be accepted there");
+    assert!(
+        err.redis_failure().is_some(),
+        "a Redis fault, not bad input: {err}"
+    );
+    assert_eq!(server.script_calls().await, 0);
+    // The same server and CA, by the name the certificate gives: accepted.
+    let by_name = server.url().replacen("127.0.0.1", "localhost", 1);
+    let verdict = tls_tier(&by_name, ca)
+        .check("user:1", &set(), 1)
+        .await
+        .expect("the certificate names localhost");
+    assert!(verdict.decision.allowed);
+}
+
 #[test]
 fn rediss_insecure_fragment_and_certificates_without_rediss_are_refused_at_new() {
     let err = RedisTier::new(RedisTierConfig::new("rediss://127.0.0.1:1/#insecure"))

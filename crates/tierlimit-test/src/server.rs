@@ -46,10 +46,19 @@ pub(crate) struct TestCa {
     ca_pem: Vec<u8>,
     /// The server's certificate and key, PEM, good for client use too.
     identity: (Vec<u8>, Vec<u8>),
+    /// The host the harness's own connections name: one the certificate
+    /// names.
+    harness_host: &'static str,
 }
 
 impl TestCa {
     pub(crate) fn new() -> TestCa {
+        TestCa::naming("IP:127.0.0.1,DNS:localhost")
+    }
+
+    /// A CA and a server certificate whose subject alternative names are
+    /// `names` (openssl's syntax: `DNS:host,IP:addr`).
+    fn naming(names: &str) -> TestCa {
         let dir = fresh_dir();
         let run = |args: &[&str]| {
             let out = Command::new("openssl")
@@ -96,10 +105,12 @@ impl TestCa {
         // another node's bus, which always asks for a client certificate.
         fs::write(
             dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
-             basicConstraints=critical,CA:FALSE\n\
-             keyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=serverAuth,clientAuth\n",
+            format!(
+                "subjectAltName={names}\n\
+                 basicConstraints=critical,CA:FALSE\n\
+                 keyUsage=critical,digitalSignature\n\
+                 extendedKeyUsage=serverAuth,clientAuth\n"
+            ),
         )
         .expect("cannot write server.ext");
         run(&[
@@ -125,6 +136,11 @@ impl TestCa {
             dir,
             ca_pem,
             identity,
+            harness_host: if names.contains("IP:127.0.0.1") {
+                "127.0.0.1"
+            } else {
+                "localhost"
+            },
         }
     }
 
@@ -198,6 +214,14 @@ impl RedisServer {
     /// [`tls_ca_pem`](Self::tls_ca_pem); [`url`](Self::url) is `rediss://`.
     pub fn start_tls(args: &[&str]) -> RedisServer {
         RedisServer::start_as(args, Some(TestCa::new()))
+    }
+
+    /// As [`start_tls`](Self::start_tls), with a certificate that names
+    /// only `localhost`, not `127.0.0.1`, which [`url`](Self::url) names: a
+    /// client that checks the name must refuse it. This harness's own
+    /// connections to it name `localhost`.
+    pub fn start_tls_naming_localhost(args: &[&str]) -> RedisServer {
+        RedisServer::start_as(args, Some(TestCa::naming("DNS:localhost")))
     }
 
     /// The arguments that add an ACL user `user` with password `password`,
@@ -610,6 +634,7 @@ fn client_for(port: u16, tls: Option<&TestCa>) -> redis::Client {
     match tls {
         None => redis::Client::open(url).expect("a 127.0.0.1 redis URL is always valid"),
         Some(ca) => {
+            let url = url.replacen("127.0.0.1", ca.harness_host, 1);
             if rustls::crypto::CryptoProvider::get_default().is_none() {
                 let _ = rustls::crypto::ring::default_provider().install_default();
             }
