@@ -6,8 +6,8 @@
 //! curl -i -H 'x-api-key: demo' http://127.0.0.1:3000/api/items
 //! ```
 //!
-//! * `POST /login`: 5 a minute per client, `FailClosed` (no guessing while
-//!   Redis is down: 503).
+//! * `POST /login`: 5 a minute per client address, `FailClosed` (no guessing
+//!   while Redis is down: 503).
 //! * `/api/*`: 10 a second and 1,000 an hour per API key (else user id,
 //!   else IP), `LocalFallback` (each instance enforces its share in an outage).
 //! * `/search`: 2 a second shared by everyone, cost 1, `FailOpen`.
@@ -44,15 +44,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_policy(Policy::LocalFallback);
     let search = RuleSet::new("search", [Rule::per_second(2)?])?.with_policy(Policy::FailOpen);
 
-    // The key depends on the route: everyone shares /search's budget. One
-    // layer per key scheme, each with its own routes.
+    // The key depends on the route, one layer per key scheme. Logins count
+    // per client address, never per API key: a guesser would send a fresh
+    // key with each attempt. Everyone shares /search's budget.
+    let per_address = RateLimitLayer::builder(limiter.clone())
+        .key(ClientIp::peer())
+        .route(Match::method(Method::POST, "/login"), login, 1)
+        .build()?;
     let per_client = RateLimitLayer::builder(limiter.clone())
         .key(
             HeaderKey::api_key("x-api-key")
                 .or(HeaderKey::user_id("x-user-id"))
                 .or(ClientIp::peer()),
         )
-        .route(Match::method(Method::POST, "/login"), login, 1)
         .exempt(Match::any("/health"))
         .route(Match::any("/api/*"), api, 1)
         .build()?;
@@ -67,6 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/search", get(|| async { "results\n" }))
         .route("/health", get(|| async { "ok\n" }))
         .layer(per_client)
+        .layer(per_address)
         .layer(global);
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;

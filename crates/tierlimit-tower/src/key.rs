@@ -300,13 +300,16 @@ impl ClientIp {
             ForwardingHeader::XForwardedFor => ("x-forwarded-for", |hop| parse_ip(hop.trim())),
             ForwardingHeader::Forwarded => ("forwarded", forwarded_for),
         };
+        // Split as bytes: a hop that is not text ends the walk there, where
+        // dropping its whole line (`to_str` refuses one such byte) dropped
+        // the address the proxy appended to the client's line, and the
+        // client took the proxy's key.
         let hops: Vec<Option<IpAddr>> = parts
             .headers
             .get_all(name)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(hop)
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(|h| std::str::from_utf8(h).ok().and_then(hop))
             .collect();
         let mut client = None;
         for hop in hops.into_iter().rev() {
@@ -549,6 +552,14 @@ mod tests {
         // The header the proxies do not write is the client's: not read.
         assert_eq!(key.extract(&fwd), Ok(Some("ip:10.0.0.2".into())));
         assert_eq!(by_forwarded.extract(&via), Ok(Some("ip:10.0.0.2".into())));
+        // A byte that is not visible ASCII in the client's part of the line
+        // the proxy appended to.
+        let mut binary = parts(&[], Some("10.0.0.2:1"));
+        binary.headers.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff, 203.0.113.5").expect("a header value"),
+        );
+        assert_eq!(key.extract(&binary), Ok(Some("ip:203.0.113.5".into())));
         let garbage = parts(&[("x-forwarded-for", "nonsense")], Some("10.0.0.2:1"));
         assert_eq!(key.extract(&garbage), Ok(Some("ip:10.0.0.2".into())));
         let mapped = parts(&[], Some("[::ffff:192.0.2.9]:1"));

@@ -65,13 +65,19 @@ impl fmt::Debug for Shared {
 /// let limiter = Arc::new(HybridLimiter::builder().redis_url("redis://127.0.0.1:6380/").build()?);
 /// let login = RuleSet::new("login", [Rule::per_minute(5)?])?.with_policy(Policy::FailClosed);
 /// let api = RuleSet::new("api", [Rule::per_second(10)?, Rule::per_hour(1000)?])?;
-/// let layer = RateLimitLayer::builder(limiter)
-///     .key(HeaderKey::api_key("x-api-key").or(ClientIp::peer()))
+/// // Logins per client address: keyed by API key, a guesser would send a
+/// // fresh key with each attempt.
+/// let logins = RateLimitLayer::builder(limiter.clone())
+///     .key(ClientIp::peer())
 ///     .route(Match::method(Method::POST, "/login"), login, 1)
+///     .build()?;
+/// let calls = RateLimitLayer::builder(limiter)
+///     .key(HeaderKey::api_key("x-api-key").or(ClientIp::peer()))
 ///     .exempt(Match::any("/health"))
+///     .exempt(Match::method(Method::POST, "/login"))
 ///     .default_route(api, 1)
 ///     .build()?;
-/// # let _ = layer; Ok(()) }
+/// # let _ = (logins, calls); Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
