@@ -953,11 +953,19 @@ impl HybridLimiter {
                 inner.reconciler.config.batch_size,
                 reconcile::hold_clock_us(inner),
             );
-            let failed = claims.is_empty() || {
-                let sent = reconcile::send_batch(inner, &claims).await;
-                report.written_back_units += sent.units;
-                sent.failed.is_some()
-            };
+            // A call is bounded by the deadline, not by what is left of the
+            // timeout: against a hung Redis one batch held a shutdown of
+            // 100 ms for a whole deadline. Cut short, its claims keep their
+            // ids, so whatever Redis applied of them is not applied twice.
+            let left = timeout.saturating_sub(started.elapsed());
+            let failed = claims.is_empty()
+                || match tokio::time::timeout(left, reconcile::send_batch(inner, &claims)).await {
+                    Ok(sent) => {
+                        report.written_back_units += sent.units;
+                        sent.failed.is_some()
+                    }
+                    Err(_) => break,
+                };
             if failed {
                 // Redis is down or failing, or what is left is held after a
                 // failure: try again until the timeout.
@@ -967,12 +975,10 @@ impl HybridLimiter {
         }
         report.parked_units = ledger.parked_units().saturating_sub(parked_before);
         report.undrained_units = ledger.units();
-        if inner.learn_instances && started.elapsed() < timeout {
-            report.left_group = inner
-                .redis
-                .leave(&inner.heartbeat_key, &inner.instance_id)
-                .await
-                .is_ok();
+        let left = timeout.saturating_sub(started.elapsed());
+        if inner.learn_instances && !left.is_zero() {
+            let leave = inner.redis.leave(&inner.heartbeat_key, &inner.instance_id);
+            report.left_group = matches!(tokio::time::timeout(left, leave).await, Ok(Ok(_)));
         }
         if report.undrained_units > 0 {
             inner.labels.ledger_lost(report.undrained_units);

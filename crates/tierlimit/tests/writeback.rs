@@ -262,6 +262,60 @@ async fn shutdown_while_redis_is_down_reports_what_is_lost() {
     );
 }
 
+/// A shutdown ends at its timeout against a hung Redis too: a write-back
+/// call on the drain's connection, sent just before Redis hung, ran for a
+/// whole deadline (2 s here) past a timeout of 200 ms, and leaving the
+/// heartbeat set for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
+    let _serial = tierlimit_test::serial().await;
+    const KEYS: u64 = 50;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    // A slow drain: one entry per batch, mostly asleep.
+    let mut slow = ReconcileConfig::default();
+    slow.batch_size = 1;
+    slow.duty_cycle = 0.01;
+    let limiter = builder(&proxy.url(), Instances::Learned { assume: Some(1) })
+        .deadline(Duration::from_secs(2))
+        .reconcile(slow)
+        .build()
+        .expect("valid config");
+    let set = hourly("hung", 10);
+    proxy.set(Fault::Refuse);
+    trip(&limiter, &trip_set()).await;
+    for i in 0..KEYS {
+        limiter
+            .check(&format!("u{i}"), &set, 1)
+            .await
+            .expect("valid");
+    }
+    proxy.set(Fault::None);
+    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
+    // The drain has its connection and is under way: then Redis hangs.
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            limiter.reconcile_stats().pending_units < KEYS
+        })
+        .await,
+        "the drain did not start"
+    );
+    server.pause();
+    let pending = limiter.reconcile_stats().pending_units;
+    assert!(pending > 0, "the drain ended before Redis hung");
+    let started = std::time::Instant::now();
+    let report = limiter.shutdown(Duration::from_millis(200)).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(
+        took < Duration::from_secs(1),
+        "a shutdown of 200 ms took {took:?} against a hung Redis (deadline 2 s): {report:?}"
+    );
+    assert_eq!(report.written_back_units, 0, "{report:?}");
+    assert!(report.undrained_units > 0, "{report:?}");
+    assert!(!report.left_group, "{report:?}");
+}
+
 /// A shutdown accounts for every unit the ledger held: written back,
 /// expired (their window passed: nothing to write), parked (Redis refuses the
 /// entry on its own) or undrained. The expired and parked ones were missing
