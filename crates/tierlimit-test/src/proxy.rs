@@ -56,6 +56,8 @@ struct Counters {
     live: AtomicUsize,
     /// Latest generation the accept loop has acted on.
     applied: AtomicU64,
+    /// Bytes read from clients, whatever the fault then did with them.
+    client_bytes: AtomicU64,
 }
 
 /// An in-process TCP proxy for fault injection between a client and a redis
@@ -139,6 +141,12 @@ impl FaultProxy {
     /// How many client connections the proxy has accepted so far.
     pub fn connections_accepted(&self) -> u64 {
         self.counters.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Bytes clients have sent the proxy so far (forwarded or not): what a
+    /// client said to Redis, or tried to.
+    pub fn bytes_from_clients(&self) -> u64 {
+        self.counters.client_bytes.load(Ordering::SeqCst)
     }
 
     /// Switches the fault and blocks (briefly: milliseconds) until it is in
@@ -287,7 +295,7 @@ async fn relay(
     rx: watch::Receiver<State>,
     counters: Arc<Counters>,
 ) {
-    let _live = LiveGuard(counters);
+    let _live = LiveGuard(Arc::clone(&counters));
     let server = tokio::select! {
         server = TcpStream::connect(&*upstream) => server.ok(),
         () = killed(rx.clone()) => None,
@@ -298,8 +306,8 @@ async fn relay(
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
         tokio::select! {
-            () = pump(client_read, server_write, false, &rx) => {}
-            () = pump(server_read, client_write, true, &rx) => {}
+            () = pump(client_read, server_write, Some(&counters.client_bytes), &rx) => {}
+            () = pump(server_read, client_write, None, &rx) => {}
             () = killed(rx.clone()) => {}
         }
     }
@@ -321,12 +329,15 @@ async fn killed(mut rx: watch::Receiver<State>) {
 /// chunk arrives. A delayed chunk is held back by its own delay from its
 /// arrival, not behind the chunks before it: requests sent one after another
 /// overlap on their way, as on a link whose latency is not its bandwidth.
+/// `from_client` counts the bytes read from a client; `None` for the
+/// server's side.
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
-    to_client: bool,
+    from_client: Option<&AtomicU64>,
     rx: &watch::Receiver<State>,
 ) {
+    let to_client = from_client.is_none();
     let (tx, mut due) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
     let read = async move {
         let mut buf = vec![0u8; 16 * 1024];
@@ -335,6 +346,9 @@ async fn pump(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            if let Some(counted) = from_client {
+                counted.fetch_add(n as u64, Ordering::SeqCst);
+            }
             let now = tokio::time::Instant::now();
             let at = match rx.borrow().0 {
                 Fault::None => now,

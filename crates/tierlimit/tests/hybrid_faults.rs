@@ -527,3 +527,47 @@ async fn a_key_of_another_type_does_not_trip_the_breaker() {
     let d = limiter.check("good", &set, 1).await.expect("a valid check");
     assert_eq!(d.tier, Tier::Redis, "{d:?}");
 }
+
+/// While Open, no Redis I/O at all (the README's promise): 500 checks of
+/// every policy send the proxy in front of Redis not one byte. Redis is
+/// reachable the whole time (a latency past the deadline trips the
+/// breaker), so a check that called it would be seen; the cool-down is long
+/// enough that no probe runs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_open_no_check_sends_redis_a_byte() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let mut breaker = support::breaker();
+    breaker.cool_down = Duration::from_secs(30);
+    breaker.max_cool_down = Duration::from_secs(30);
+    // Nor a replacement connection: its handshake is not a check's I/O.
+    breaker.replace_connection_after = 1_000;
+    let limiter = builder(&proxy.url())
+        .breaker(breaker)
+        .build()
+        .expect("valid config");
+    let sets = sets();
+    assert!(limiter.check("warm", &sets[0], 1).await.is_ok());
+    proxy.set(Fault::Latency(DEADLINE * 3));
+    support::trip(&limiter, &sets[0]).await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    // What the tripping checks sent may still be on its way: the count is
+    // taken once the breaker is Open, and only the checks after it count.
+    let before = proxy.bytes_from_clients();
+    for i in 0..500 {
+        let set = &sets[i % sets.len()];
+        let d = limiter
+            .check(&format!("k{i}"), set, 1)
+            .await
+            .expect("valid");
+        assert_ne!(
+            d.tier,
+            Tier::Redis,
+            "check {i} was decided by Redis while Open"
+        );
+    }
+    let sent = proxy.bytes_from_clients() - before;
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    assert_eq!(sent, 0, "500 checks while Open sent Redis {sent} bytes");
+}
