@@ -136,6 +136,54 @@ async fn a_least_privilege_acl_user_can_do_all_a_limiter_does() {
     assert!(denied.is_err(), "FLUSHALL must be refused");
 }
 
+/// The same user through the rest of a limiter's life: it joins the
+/// heartbeat set and learns the count, writes back what an outage admitted
+/// locally, and leaves the set at shutdown. (The test above builds with a
+/// fixed count of 1, so none of that runs there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_acl_user_beats_writes_back_and_leaves() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start_with(LEAST_PRIVILEGE);
+    let proxy = tierlimit_test::FaultProxy::start(server.addr()).await;
+    let url = format!("redis://{USER}:{PASSWORD}@{}/", proxy.addr());
+    let limiter = support::builder(&url)
+        .deadline(Duration::from_secs(1))
+        .instances(tierlimit::Instances::Learned { assume: None })
+        .build()
+        .expect("valid config");
+    assert!(
+        support::wait_for(Duration::from_secs(10), || limiter.instances() == Some(1)).await,
+        "the heartbeat never learned the count as {USER}"
+    );
+    let set = support::hourly("least-life", 100);
+    proxy.set(tierlimit_test::Fault::Refuse);
+    support::trip(&limiter, &set).await;
+    let mut local = 0;
+    for _ in 0..10 {
+        let d = limiter.check("user:1", &set, 1).await.expect("valid");
+        if d.allowed && d.tier == Tier::Local {
+            local += 1;
+        }
+    }
+    assert!(local > 0, "the outage admitted nothing locally");
+    proxy.set(tierlimit_test::Fault::None);
+    support::drained(&limiter, Duration::from_secs(10)).await;
+    // Redis counts what the outage admitted (the tripping checks were on a
+    // key of their own).
+    let d = limiter.check("user:1", &set, 1).await.expect("valid");
+    assert_eq!(
+        (d.tier, d.remaining),
+        (Tier::Redis, 100 - local - 1),
+        "{d:?}"
+    );
+    let report = limiter.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        report.left_group,
+        "{USER} could not leave the heartbeat set: {report:?}"
+    );
+    assert_eq!(report.undrained_units, 0, "{report:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_fault_the_policy_answers() {
     let args = RedisServer::acl_user(USER, PASSWORD);
