@@ -917,3 +917,36 @@ async fn a_tls_cluster_is_checked_over_tls_on_every_master() {
         assert_eq!(exists, 1, "{key}: its state is on its master");
     }
 }
+
+/// The README's least-privilege ACL user on a Cluster: with the Cluster's own
+/// commands added (`+cluster|slots +asking`, as the README says), it checks
+/// on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_acl_user_checks_on_every_master() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start();
+    let rules = "on >pw-9f2 resetkeys ~tl:* ~{tl:* resetchannels -@all +ping +evalsha +eval \
+                 +script|load +time +@read +@write -@dangerous +cluster|slots +asking";
+    for node in cluster.nodes() {
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg("app")
+            .arg(rules.split_whitespace().collect::<Vec<_>>());
+        let _: () =
+            query_node(&format!("127.0.0.1:{}", node.port()), &setuser).expect("ACL SETUSER");
+    }
+    let url = cluster.cluster_url().replacen("://", "://app:pw-9f2@", 1);
+    let tier =
+        RedisTier::new(RedisTierConfig::new(&url).deadline(Duration::from_secs(2))).expect("valid");
+    let s = set("least-cluster", [Rule::per_hour(2).expect("valid")]);
+    for key in one_key_per_master(&cluster, &s, "least") {
+        for round in 0..3 {
+            let v = tier
+                .check(&key, &s, 1)
+                .await
+                .unwrap_or_else(|e| panic!("{key} round {round}: {e}"));
+            assert_eq!(v.decision.allowed, round < 2, "{key} round {round}");
+        }
+    }
+}
