@@ -962,6 +962,13 @@ impl HybridLimiter {
                 || match tokio::time::timeout(left, reconcile::send_batch(inner, &claims)).await {
                     Ok(sent) => {
                         report.written_back_units += sent.units;
+                        if sent.failed.as_ref().is_some_and(Error::is_timeout) {
+                            // What the breaker does after timeouts, which it
+                            // hears nothing of here: a socket whose request
+                            // went unanswered may pair every later reply
+                            // with the request before it.
+                            inner.redis.drop_connection();
+                        }
                         sent.failed.is_some()
                     }
                     Err(_) => break,

@@ -316,6 +316,57 @@ async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
     assert!(!report.left_group, "{report:?}");
 }
 
+/// A shutdown that meets a blackhole which heals before its timeout still
+/// writes everything back. The drain's socket lived through the blackhole:
+/// its lost request left redis-rs pairing each later reply with the request
+/// before it, so every retry on it timed out and the shutdown gave up with
+/// Redis healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_through_a_healed_blackhole_writes_everything_back() {
+    let _serial = tierlimit_test::serial().await;
+    const KEYS: u64 = 50;
+    let server = RedisServer::start();
+    let proxy = Arc::new(FaultProxy::start(server.addr()).await);
+    let mut slow = ReconcileConfig::default();
+    slow.batch_size = 1;
+    slow.duty_cycle = 0.01;
+    let limiter = builder(&proxy.url(), Instances::Fixed(1))
+        .deadline(Duration::from_millis(200))
+        .reconcile(slow)
+        .build()
+        .expect("valid config");
+    let set = hourly("healed", 10);
+    proxy.set(Fault::Refuse);
+    trip(&limiter, &trip_set()).await;
+    for i in 0..KEYS {
+        limiter
+            .check(&format!("u{i}"), &set, 1)
+            .await
+            .expect("valid");
+    }
+    proxy.set(Fault::None);
+    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            limiter.reconcile_stats().pending_units < KEYS
+        })
+        .await,
+        "the drain did not start"
+    );
+    // The drain's socket loses what it sends for 600 ms, then works again.
+    proxy.set(Fault::Blackhole);
+    let healer = {
+        let proxy = Arc::clone(&proxy);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            proxy.set(Fault::None);
+        })
+    };
+    let report = limiter.shutdown(Duration::from_secs(5)).await;
+    healer.await.expect("the healer");
+    assert_eq!(report.undrained_units, 0, "{report:?}");
+}
+
 /// A shutdown accounts for every unit the ledger held: written back,
 /// expired (their window passed: nothing to write), parked (Redis refuses the
 /// entry on its own) or undrained. The expired and parked ones were missing
