@@ -599,3 +599,43 @@ async fn a_second_outage_starts_from_what_redis_last_said() {
     // Outage 2: every instance starts from Redis' last word (nothing left).
     outage_within_the_hours_bound(&proxy, &limiters, &set, LIMIT, fleet).await;
 }
+
+/// An instance that stops beating without leaving (a crash) stays counted
+/// for one instance TTL, then the others widen their shares: not before
+/// (they would over-admit while it may still be admitting its share), and
+/// not never (they would stay at a share too small for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instance_is_counted_for_one_ttl_then_dropped() {
+    let _serial = tierlimit_test::serial().await;
+    const TTL: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let start = || {
+        production(&server.url())
+            .instance_ttl(TTL)
+            .build()
+            .expect("valid config")
+    };
+    let (a, b) = (start(), start());
+    assert!(
+        wait_for(Duration::from_secs(5), || a.instances() == Some(2)
+            && b.instances() == Some(2))
+        .await,
+        "the two never counted each other: {:?} {:?}",
+        a.instances(),
+        b.instances()
+    );
+    // Dropped without a shutdown: no leave, its tasks stop.
+    drop(b);
+    let crashed = Instant::now();
+    assert!(
+        wait_for(TTL * 5, || a.instances() == Some(1)).await,
+        "the crashed instance was still counted {:?} after its last beat",
+        TTL * 5
+    );
+    let counted = crashed.elapsed();
+    // Its last beat was at most one heartbeat (100 ms) before the drop.
+    assert!(
+        counted >= TTL - Duration::from_millis(100),
+        "the crashed instance was dropped after {counted:?}, before its TTL of {TTL:?}"
+    );
+}
