@@ -33,6 +33,8 @@ struct Capture {
     /// Field values of every `tierlimit_check` span.
     spans: Mutex<BTreeMap<u64, BTreeMap<String, String>>>,
     next_span: AtomicU64,
+    /// Field values of every warning event.
+    warnings: Mutex<Vec<BTreeMap<String, String>>>,
 }
 
 fn series(key: &Key) -> Series {
@@ -125,6 +127,9 @@ impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().to_owned(), value.to_owned());
     }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
 }
 
 struct Sub(&'static Capture);
@@ -148,7 +153,13 @@ impl Subscriber for Sub {
         }
     }
     fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {}
+    fn event(&self, event: &Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = BTreeMap::new();
+            event.record(&mut Fields(&mut fields));
+            self.0.warnings.lock().expect("lock").push(fields);
+        }
+    }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}
 }
@@ -294,7 +305,7 @@ async fn every_metric_is_described_labelled_by_limiter_and_every_check_traced() 
 /// A limiter dropped without `shutdown()` while it owes Redis units counts
 /// them, as the README says, in
 /// `tierlimit_ledger_dropped_units_total{reason="dropped"}` (under its own
-/// `limiter` label).
+/// `limiter` label) and names them in a warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limiter_dropped_while_it_owes_units_counts_them_lost() {
     let capture = capture();
@@ -334,4 +345,13 @@ async fn a_limiter_dropped_while_it_owes_units_counts_them_lost() {
         })
         .map(|(_, v)| v.load(Ordering::Relaxed));
     assert_eq!(dropped, Some(owed));
+    let warnings = capture.warnings.lock().expect("lock").clone();
+    assert!(
+        warnings.iter().any(|w| {
+            w.get("units") == Some(&owed.to_string())
+                && w.get("message")
+                    .is_some_and(|m| m.contains("dropped without shutdown()"))
+        }),
+        "no warning named the {owed} units lost: {warnings:?}"
+    );
 }
