@@ -639,3 +639,32 @@ async fn a_crashed_instance_is_counted_for_one_ttl_then_dropped() {
         "the crashed instance was dropped after {counted:?}, before its TTL of {TTL:?}"
     );
 }
+
+/// `Instances::Fixed(n)` never asks Redis: no heartbeat key appears however
+/// long the limiter runs (ten heartbeat periods of checks here), and the
+/// count stays `n`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_instance_count_never_writes_a_heartbeat() {
+    let server = RedisServer::start();
+    let limiter =
+        support::healthy(support::builder(&server.url()).instances(Instances::Fixed(3))).await;
+    let set = hourly(1_000);
+    let until = Instant::now() + Duration::from_secs(1);
+    let mut checks = 0;
+    while Instant::now() < until {
+        let d = limiter
+            .check(&format!("k{checks}"), &set, 1)
+            .await
+            .expect("valid");
+        assert_eq!(d.tier, Tier::Redis, "{d:?}");
+        checks += 1;
+    }
+    let mut conn = server.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tl:{instances}*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(keys.is_empty(), "after {checks} checks: {keys:?}");
+    assert_eq!(limiter.instances(), Some(3));
+}
