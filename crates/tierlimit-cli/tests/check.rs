@@ -147,3 +147,32 @@ fn redis_down_prints_the_policy_s_answer_and_why() {
         (Some(1), &Value::from("fail_open"), &Value::from(true))
     );
 }
+
+/// Every command exits 64 on a usage error, as the README says: an unknown
+/// flag, a missing value or a malformed one, whichever the command.
+#[test]
+fn every_command_exits_64_on_a_usage_error() {
+    let redis = "redis://127.0.0.1:1/";
+    let cases: &[&[&str]] = &[
+        &[
+            "check", "--redis", redis, "--key", "k", "--rule", "10/s", "--bogus",
+        ],
+        &["check", "--redis", redis, "--key", "k"],
+        &["demo", "--duration", "soon"],
+        &["demo", "--bogus"],
+        &["load", "--redis", redis, "--concurrency", "many"],
+        &["config", "check"],
+        &["config", "frobnicate", "x.toml"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let out = tierlimit().args(*args).output().expect("run");
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "tierlimit {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
