@@ -2116,6 +2116,14 @@ mod tests {
     use tierlimit_core::Rule;
     use tierlimit_test::RedisServer;
 
+    /// The README's Cluster numbers: a master that keeps failing is down for
+    /// 500 ms at a time, and the slot map is read again every 100 ms.
+    #[test]
+    fn the_cluster_timings_are_the_readmes() {
+        assert_eq!(NODE_DOWN_FOR, Duration::from_millis(500));
+        assert_eq!(SLOTS_REFRESH_EVERY, Duration::from_millis(100));
+    }
+
     /// A load that raced a reason to forget the script does not mark it
     /// loaded: the store of `true` after the load could overwrite a failed
     /// connection's `false`.

@@ -289,6 +289,16 @@ impl HybridLimiterBuilder {
         self
     }
 
+    /// How long a learned instance count waits after its first heartbeat
+    /// before it is believed: until every instance started with this one has
+    /// beaten, a heartbeat interval on or, when Redis was down at their
+    /// start, once the last of their probes found it back (the breaker's
+    /// longest cool-down plus the deadline).
+    fn learn_after(&self) -> Duration {
+        self.heartbeat_every
+            .max(self.breaker.max_cool_down.saturating_add(self.deadline))
+    }
+
     /// Validates everything and starts the background tasks (probe, heartbeat,
     /// pruning, reconciliation). Does no I/O itself: the breaker starts Closed
     /// and the connection is made by the first call, so the first check is
@@ -300,6 +310,7 @@ impl HybridLimiterBuilder {
     /// field; so is a call outside a Tokio runtime.
     pub fn build(self) -> Result<HybridLimiter> {
         let invalid = |what: &str| Error::InvalidConfig { what: what.into() };
+        let learn_after = self.learn_after();
         let url = self
             .redis_url
             .ok_or_else(|| invalid("redis_url is required"))?
@@ -313,13 +324,7 @@ impl HybridLimiterBuilder {
             }
             Instances::Fixed(n) => InstanceCount::fixed(n),
             Instances::Learned { assume } => {
-                // Until every instance started with this one has beaten: a
-                // beat a heartbeat interval on, or, when Redis was down at
-                // their start, once the last of their probes found it back.
-                let learn = self
-                    .heartbeat_every
-                    .max(self.breaker.max_cool_down.saturating_add(self.deadline));
-                InstanceCount::learned(assume, self.instance_ttl, learn)
+                InstanceCount::learned(assume, self.instance_ttl, learn_after)
             }
         };
         in_range(
@@ -1287,6 +1292,28 @@ mod tests {
             Poll::Ready(out) => out,
             Poll::Pending => panic!("expected an answer at the first poll"),
         }
+    }
+
+    /// The defaults the README states, each in one place: changing one
+    /// changes what users were told.
+    #[test]
+    fn the_defaults_are_the_readmes() {
+        let b = HybridLimiter::builder();
+        assert_eq!(b.deadline, Duration::from_millis(50));
+        assert_eq!(b.heartbeat_every, Duration::from_secs(1));
+        assert_eq!(b.instance_ttl, Duration::from_secs(30));
+        assert_eq!(b.prune_every, Duration::from_secs(10));
+        assert_eq!(b.learn_after(), Duration::from_millis(5_050));
+        let c = BreakerConfig::default();
+        assert_eq!(
+            (c.consecutive_failures, c.window_size, c.minimum_calls),
+            (5, 50, 20)
+        );
+        assert_eq!(c.slow_call_threshold, Duration::from_millis(40));
+        assert_eq!(
+            (c.cool_down, c.max_cool_down, c.backoff_multiplier),
+            (Duration::from_millis(250), Duration::from_secs(5), 2.0)
+        );
     }
 
     /// A limiter on a port nothing listens on, its breaker untouched (Closed).
