@@ -373,3 +373,33 @@ async fn log_count(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u
         .await
         .expect("ZCARD")
 }
+
+/// The README's bound for every algorithm, not only the fixed window's and
+/// GCRA's: a striped key never admits above its limit, and with demand past
+/// it admits at least `L - K·(c - 1)`, at cost 1 (exactly L) and cost 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_keeps_the_striped_bound() {
+    let server = RedisServer::start();
+    let tiers = tiers(&server).await;
+    for (i, algorithm) in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for cost in [1, 3] {
+            let set = striped(&format!("every{i}c{cost}"), rule(algorithm, LIMIT, HOUR));
+            let run = hammer(&tiers, &set, cost, 3 * LIMIT).await;
+            let lower = LIMIT - u64::from(STRIPES) * (cost - 1);
+            assert!(
+                (lower..=LIMIT).contains(&run.admitted),
+                "{algorithm:?} at cost {cost}: {} admitted, bound [{lower}, {LIMIT}]",
+                run.admitted
+            );
+        }
+    }
+}
