@@ -519,6 +519,9 @@ pub struct LocalTier {
     ledger: Ledger,
     /// Some bucket may owe units the ledger does not hold yet.
     owing: AtomicBool,
+    /// Held while the buckets' debts move into the ledger: see
+    /// `move_all_owed`.
+    moving: Mutex<()>,
     /// Wall clock minus monotonic clock, in µs (wrapping); see `unix_from`.
     unix_offset_us: AtomicU64,
     refused: AtomicU64,
@@ -555,6 +558,7 @@ impl LocalTier {
             engines: DashMap::new(),
             ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
             owing: AtomicBool::new(false),
+            moving: Mutex::new(()),
             unix_offset_us: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
@@ -1120,7 +1124,14 @@ impl LocalTier {
 
     /// Moves what every bucket owes into the ledger, under the limits its
     /// states were last checked with.
+    ///
+    /// A caller waits for a move under way: finding the mark already taken,
+    /// it went on at once to a ledger the mover had not finished, and a
+    /// reload's retarget of it was then overwritten, entry by entry, with the
+    /// old rules of the buckets the mover reached after (a raised limit's
+    /// write-back capped at the old one, and the rest lost).
     fn move_all_owed(&self) {
+        let _moving = self.moving.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.owing.swap(false, Ordering::SeqCst) {
             return;
         }

@@ -314,3 +314,51 @@ fn a_settling_bucket_judges_the_kept_usage_by_the_new_limits() {
         "80 of 100"
     );
 }
+
+/// A reload's retarget of the ledger (raised limits) stands however the
+/// buckets' debts move into it: a `ledger()` that found another caller
+/// already moving them went on at once, retargeted the entries moved so
+/// far, and the mover then wrote the rest under the old rule.
+#[test]
+fn a_retarget_during_a_move_of_the_debts_holds_for_every_entry() {
+    const KEYS: usize = 100_000;
+    let local = Arc::new(
+        LocalTier::new(
+            LocalConfig {
+                max_keys: KEYS,
+                max_bytes: 1 << 30,
+                ..LocalConfig::default()
+            },
+            Arc::new(FakeClock::default()),
+        )
+        .expect("valid config"),
+    );
+    let old = set([Rule::per_hour(100).expect("valid")]);
+    let raised = set([Rule::per_hour(1_000).expect("valid")]);
+    for i in 0..KEYS {
+        assert!(decided(local.check(&format!("k{i}"), &old, 1, 1, true)).allowed);
+    }
+    // The bytes the tier charges grow as the ledger gains entries: a sign
+    // the mover is under way that moves nothing itself.
+    let before = local.bytes();
+    let mover = {
+        let local = Arc::clone(&local);
+        std::thread::spawn(move || local.ledger().len())
+    };
+    while local.bytes() == before {
+        std::hint::spin_loop();
+    }
+    // As a reload does: the ledger, retargeted.
+    local.ledger().retarget(&raised);
+    mover.join().expect("the mover");
+    let claims = local.ledger().claim(usize::MAX, 0);
+    assert_eq!(claims.len(), KEYS);
+    let old_rule = claims
+        .iter()
+        .filter(|c| c.entry.rule.limit() != 1_000)
+        .count();
+    assert_eq!(
+        old_rule, 0,
+        "{old_rule} of {KEYS} entries kept the old limit"
+    );
+}
