@@ -1128,11 +1128,13 @@ impl Inner {
                 // What their keys owe is written back under the new rules.
                 // `ledger()` moves what the buckets owe there first, under
                 // the rules it was admitted with, so no bucket takes an
-                // entry back to the old ones.
+                // entry back to the old ones. A set added may be one an
+                // earlier reload removed while its keys owed units.
                 let ledger = self.local.ledger();
                 for set in report
                     .changed
                     .iter()
+                    .chain(&report.added)
                     .filter_map(|name| self.named.get(name))
                 {
                     ledger.retarget(&set);

@@ -366,6 +366,42 @@ async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
     assert_eq!(redis_count(&server, &new(), "k").await, 550);
 }
 
+/// The same, when the set is dropped by one reload and comes back raised in
+/// the next (a bad edit, then its fix): a set added was never retargeted,
+/// only a set changed, so its owed units were written back under the old
+/// limit and lost past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_owed_by_a_set_removed_then_re_added_raised_are_written_back_under_it() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let old = || daily(100, Policy::LocalFallback);
+    let new = || daily(1_000, Policy::LocalFallback);
+    let a = healthy(builder(&proxy.url()).rule_sets([old()])).await;
+    let b = healthy(builder(&server.url()).rule_sets([old()])).await;
+    proxy.set(Fault::Refuse);
+    let ping = RuleSet::new("ping", [Rule::per_second(1_000).expect("valid")])
+        .expect("valid")
+        .with_reconcile(false);
+    trip(&a, &ping).await;
+    for _ in 0..50 {
+        let d = a.check_by_name("api", "k", 1).await.expect("valid");
+        assert!(d.allowed && d.tier == Tier::Local, "{d:?}");
+    }
+    assert_eq!(a.local().ledger().units(), 50);
+    let report = a.replace_rule_sets([]).expect("valid");
+    assert_eq!(report.removed, ["api"]);
+    let report = a.replace_rule_sets([new()]).expect("valid");
+    assert_eq!(report.added, ["api"]);
+    b.replace_rule_sets([new()]).expect("valid");
+    for _ in 0..500 {
+        assert!(admit(&b, "k").await, "b on Redis, under 1,000");
+    }
+    proxy.set(Fault::None);
+    support::drained(&a, Duration::from_secs(10)).await;
+    assert_eq!(redis_count(&server, &new(), "k").await, 550);
+}
+
 #[tokio::test]
 async fn unknown_names_and_duplicate_names_are_typed_errors() {
     let server = RedisServer::start();
