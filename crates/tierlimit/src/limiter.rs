@@ -403,6 +403,8 @@ impl HybridLimiterBuilder {
             named,
             #[cfg(feature = "config")]
             built_from: std::sync::OnceLock::new(),
+            #[cfg(feature = "config")]
+            reloading: std::sync::Mutex::new(()),
             labels,
         });
         // Calls whose checks their callers dropped reach the breaker too.
@@ -499,6 +501,10 @@ pub(crate) struct Inner {
     /// settings are the ones in force until a restart, whatever reloads come.
     #[cfg(feature = "config")]
     built_from: std::sync::OnceLock<crate::config::Config>,
+    /// One file reload at a time: its sets and its default policy go in
+    /// together (see `reload.rs`).
+    #[cfg(feature = "config")]
+    pub(crate) reloading: std::sync::Mutex<()>,
     pub(crate) labels: Labels,
 }
 

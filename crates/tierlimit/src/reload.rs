@@ -79,6 +79,12 @@ impl HybridLimiter {
 
 impl Inner {
     pub(crate) fn reload(&self, config: &Config) -> Result<ReloadReport> {
+        // Two at once (the watcher and a SIGHUP handler, say) could leave
+        // one file's sets in force with the other's default policy.
+        let _one = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut report = self.replace_rule_sets(resolved_sets(config))?;
         self.default_policy
             .set(config.default_policy().unwrap_or_default());
@@ -113,16 +119,22 @@ pub use watch::ConfigWatch;
 
 #[cfg(feature = "watch")]
 mod watch {
+    use std::ffi::OsString;
     use std::path::{Path, PathBuf};
     use std::sync::{Arc, Weak};
     use std::time::Duration;
 
-    use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+    use notify::event::ModifyKind;
+    use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
     use tokio::sync::mpsc;
     use tokio::task::JoinHandle;
 
     use crate::config::ConfigError;
     use crate::limiter::{HybridLimiter, Inner};
+
+    /// The longest a reload waits for quiet, in debounces after the first
+    /// change it follows: see [`HybridLimiter::watch_config`].
+    const MAX_DEBOUNCES: u32 = 10;
 
     /// Watches a config file and reloads the limiter when it changes; see
     /// [`HybridLimiter::watch_config`]. Dropping it stops watching.
@@ -143,12 +155,16 @@ mod watch {
         /// returned [`ConfigWatch`] is dropped (or the limiter is).
         ///
         /// Changes are debounced: a reload runs once the file has been quiet
-        /// for `debounce`, so an editor's several writes make one reload. The
+        /// for `debounce`, so an editor's several writes make one reload
+        /// (and at the latest ten debounces after the first change:
+        /// a directory that is never quiet still gets its reloads). The
         /// file's directory is watched, not the file, so a file replaced by a
-        /// rename (editors, Kubernetes config maps) is seen too; a change
-        /// that leaves the file's bytes as they were reloads nothing. Each
+        /// rename (editors, Kubernetes config maps) is seen too; writes to
+        /// other files there, and reads of any, wake nothing. A change that
+        /// leaves the file's bytes as they were reloads nothing. Each
         /// reload is [`reload_file`](Self::reload_file): a file that does not
-        /// load keeps the config in force, and is logged and counted.
+        /// load keeps the config in force, and is logged and counted, once
+        /// until its bytes change.
         ///
         /// Needs a Tokio runtime; the `watch` feature (on by default).
         ///
@@ -169,16 +185,16 @@ mod watch {
                 _ => PathBuf::from("."),
             };
             let handle = tokio::runtime::Handle::try_current().map_err(|e| cannot(&e))?;
+            let name = path.file_name().map(OsString::from).unwrap_or_default();
             let (tx, rx) = mpsc::unbounded_channel();
-            let mut watcher =
-                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                    // Any event in the directory wakes the task, which compares the
-                    // file's bytes. The receiver is gone only when the watch is dropped.
-                    if event.is_ok() {
-                        let _ = tx.send(());
-                    }
-                })
-                .map_err(|e| cannot(&e))?;
+            let mut watcher = notify::recommended_watcher(move |event: notify::Result<Event>| {
+                // The task compares the file's bytes. The receiver is gone
+                // only when the watch is dropped.
+                if event.is_ok_and(|e| may_change(&e, &name)) {
+                    let _ = tx.send(());
+                }
+            })
+            .map_err(|e| cannot(&e))?;
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
                 .map_err(|e| cannot(&e))?;
@@ -191,6 +207,25 @@ mod watch {
         }
     }
 
+    /// Whether `event` in the watched directory may have changed the file
+    /// named `name`. Not a read or an open (the watcher's own reads of the
+    /// file woke it again, forever), nor a write to another file (a log
+    /// written beside the config kept the directory from ever being quiet).
+    /// Anything created, removed or renamed may be: a Kubernetes config map
+    /// swaps a symlink (`..data`) the file's path goes through.
+    fn may_change(event: &Event, name: &OsString) -> bool {
+        match event.kind {
+            EventKind::Access(_) => false,
+            EventKind::Create(_)
+            | EventKind::Remove(_)
+            | EventKind::Modify(ModifyKind::Name(_)) => true,
+            _ => event
+                .paths
+                .iter()
+                .any(|p| p.file_name() == Some(name.as_os_str())),
+        }
+    }
+
     async fn run(
         inner: Weak<Inner>,
         path: PathBuf,
@@ -199,12 +234,15 @@ mod watch {
         mut last: Option<Vec<u8>>,
     ) {
         while events.recv().await.is_some() {
-            // Quiet for `debounce` before reading: one reload per burst of writes.
+            // Quiet for `debounce` before reading: one reload per burst of
+            // writes, and one at the latest after `MAX_DEBOUNCES`.
+            let latest = tokio::time::Instant::now() + debounce.saturating_mul(MAX_DEBOUNCES);
             loop {
-                match tokio::time::timeout(debounce, events.recv()).await {
-                    Ok(Some(())) => continue,
+                let quiet = (tokio::time::Instant::now() + debounce).min(latest);
+                match tokio::time::timeout_at(quiet, events.recv()).await {
+                    Ok(Some(())) if tokio::time::Instant::now() < latest => continue,
+                    Ok(Some(())) | Err(_) => break,
                     Ok(None) => return,
-                    Err(_) => break,
                 }
             }
             let Some(inner) = inner.upgrade() else {
@@ -214,7 +252,10 @@ mod watch {
             if now.is_some() && now == last {
                 continue;
             }
-            if inner.reload_file(&path).is_ok() {
+            // Remembered whether it loads or not: a bad file is rejected
+            // (logged and counted) once, not again at every wake until fixed.
+            let _ = inner.reload_file(&path);
+            if now.is_some() {
                 last = now;
             }
         }

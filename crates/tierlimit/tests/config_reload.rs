@@ -409,3 +409,82 @@ fn the_readme_config_file_loads() {
     assert_eq!(names, ["login", "api"]);
     assert_eq!(config.rule_sets()[1].rules()[1].burst(), Some(20));
 }
+
+/// A bad file is rejected once, not at every wake of the watcher until it
+/// is fixed: the watcher's own reads of it woke the watcher again (and so
+/// did anything else happening in the directory), and each wake rejected
+/// and counted it anew.
+#[cfg(feature = "watch")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_bad_file_is_rejected_once() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch-bad");
+    write(&dir.file(), &file(&server.url(), "watch-bad", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let _watch = limiter
+        .watch_config(dir.file(), Duration::from_millis(20))
+        .expect("watch the file's directory");
+    write(&dir.file(), "[redis\nurl =");
+    assert!(
+        eventually(Duration::from_secs(10), || reloads("watch-bad", "rejected")
+            >= 1)
+        .await,
+        "the bad file was not seen within 10 s"
+    );
+    // Another file is written beside it, and both are read, five times,
+    // each time long enough for the watcher to act (what must not happen
+    // has no sign to wait for); then the fix.
+    let other = dir.0.join("other.txt");
+    for i in 0..5 {
+        std::fs::write(&other, format!("{i}")).expect("write another file");
+        let _ = std::fs::read(&other);
+        let _ = std::fs::read(dir.file());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    write(&dir.file(), &file(&server.url(), "watch-bad", "9/h", ""));
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter) == Some(9)).await,
+        "the fixed file was not applied within 10 s"
+    );
+    assert_eq!(
+        reloads("watch-bad", "rejected"),
+        1,
+        "one bad file, rejected again and again"
+    );
+}
+
+/// A file beside the config that is written more often than the debounce
+/// (a log, say) does not keep the config from reloading: any event in the
+/// directory restarted the quiet period, so the reload never ran.
+#[cfg(feature = "watch")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_neighbour_does_not_hold_a_reload_back() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch-busy");
+    write(&dir.file(), &file(&server.url(), "watch-busy", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let _watch = limiter
+        .watch_config(dir.file(), Duration::from_millis(100))
+        .expect("watch the file's directory");
+    let log = dir.0.join("app.log");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut line = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                line += 1;
+                std::fs::write(&log, format!("line {line}\n")).expect("write the log");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    write(&dir.file(), &file(&server.url(), "watch-busy", "7/h", ""));
+    let applied = eventually(Duration::from_secs(5), || login_limit(&limiter) == Some(7)).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("the log writer");
+    assert!(
+        applied,
+        "a log written every 10 ms held the reload back for 5 s"
+    );
+}
