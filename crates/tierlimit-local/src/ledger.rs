@@ -21,8 +21,8 @@ struct Units {
     /// `claim` and `hold` are given): its write-back failed, see
     /// [`Ledger::hold`].
     held_until_us: u64,
-    /// The ledger's frame when the units were last recorded: the wall clock
-    /// their times are on, as an offset from the monotonic clock.
+    /// The wall clock the latest units' times are on, as its offset from
+    /// the monotonic clock (wrapping).
     frame_us: u64,
 }
 
@@ -81,8 +81,9 @@ pub struct Ledger {
     expired_units: AtomicU64,
     parked_units: AtomicU64,
     /// Wall clock minus monotonic clock (µs, wrapping) as the local tier
-    /// last measured it: the frame the times recorded now are in. See
-    /// [`drop_expired`](Ledger::drop_expired).
+    /// last measured it: the frame of the `now` given to
+    /// [`drop_expired`](Ledger::drop_expired), and of times recorded without
+    /// one of their own.
     frame_us: AtomicU64,
 }
 
@@ -131,8 +132,30 @@ impl Ledger {
         first_us: u64,
         last_us: u64,
     ) {
-        let window = window_index(rule, last_us);
         let frame_us = self.frame_us.load(Ordering::Relaxed);
+        self.record_in_frame(
+            frame_us,
+            storage_key,
+            rule,
+            stripes,
+            units,
+            (first_us, last_us),
+        );
+    }
+
+    /// As [`record_span`](Self::record_span), with the span's times on the
+    /// wall clock whose offset from the monotonic clock was `frame_us`
+    /// (wrapping): see [`drop_expired`](Self::drop_expired).
+    pub(crate) fn record_in_frame(
+        &self,
+        frame_us: u64,
+        storage_key: String,
+        rule: &Rule,
+        stripes: u32,
+        units: u64,
+        (first_us, last_us): (u64, u64),
+    ) {
+        let window = window_index(rule, last_us);
         let entry = self
             .entries
             .get_or_try_insert((storage_key, window), |_| Units {

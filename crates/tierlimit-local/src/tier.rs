@@ -122,6 +122,26 @@ struct Now {
     unix_us: u64,
 }
 
+impl Now {
+    /// When something happened now, for the ledger.
+    fn stamp(self) -> Stamp {
+        Stamp {
+            unix_us: self.unix_us,
+            frame_us: self.unix_us.wrapping_sub(self.mono_ns / 1_000),
+        }
+    }
+}
+
+/// A wall-clock time (µs since the epoch) and the frame it is in: that wall
+/// clock's offset from the monotonic clock (wrapping). The ledger judges an
+/// entry's expiry in its own frame, so a wall clock stepped since does not
+/// age or rejuvenate it (see [`Ledger::drop_expired`]).
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    unix_us: u64,
+    frame_us: u64,
+}
+
 /// One rule's state for one key: a governor cell or this crate's slot,
 /// whichever its [`RuleEngine`] decides with.
 #[derive(Debug)]
@@ -142,6 +162,9 @@ struct Owed {
     last_us: AtomicU64,
     /// The window the units belong to (window rules; 0 otherwise).
     window: AtomicU64,
+    /// The wall clock the times are on, as its offset from the monotonic
+    /// clock (wrapping; the latest units'): see [`Ledger::drop_expired`].
+    frame_us: AtomicU64,
 }
 
 impl Owed {
@@ -151,14 +174,20 @@ impl Owed {
             first_us: AtomicU64::new(u64::MAX),
             last_us: AtomicU64::new(0),
             window: AtomicU64::new(0),
+            frame_us: AtomicU64::new(0),
         }
     }
 
-    /// Counts `units` admitted at `now_us` under `rule`. Only the holder of
+    /// Counts `units` admitted at `now` under `rule`. Only the holder of
     /// the bucket's exclusive guard counts, so no other thread can count or
     /// take meanwhile and plain stores do: a locked add was a fifth of a
     /// local check's time (perf, `fallback/1000-keys`).
-    fn add(&mut self, rule: &Rule, units: u64, now_us: u64) {
+    fn add(&mut self, rule: &Rule, units: u64, now: Stamp) {
+        let Stamp {
+            unix_us: now_us,
+            frame_us,
+        } = now;
+        *self.frame_us.get_mut() = frame_us;
         let owed = self.units.get_mut();
         let before = *owed;
         // Saturating like the ledger's: a count that wrapped to 0 would owe
@@ -170,7 +199,7 @@ impl Owed {
         *last = (*last).max(now_us);
     }
 
-    /// Takes everything owed: (units, first, last, window).
+    /// Takes everything owed: (units, first, last, frame).
     ///
     /// Takers may race (each under a shared guard), never with `add`: only
     /// the one whose swap took the units resets the times, so the times go
@@ -192,7 +221,7 @@ impl Owed {
             units,
             first,
             last.max(first),
-            self.window.load(Ordering::Relaxed),
+            self.frame_us.load(Ordering::Relaxed),
         ))
     }
 }
@@ -522,7 +551,7 @@ pub struct LocalTier {
     /// Held while the buckets' debts move into the ledger: see
     /// `move_all_owed`.
     moving: Mutex<()>,
-    /// Wall clock minus monotonic clock, in µs (wrapping); see `unix_from`.
+    /// Wall clock minus monotonic clock, in µs (wrapping); see `stamp_at`.
     unix_offset_us: AtomicU64,
     refused: AtomicU64,
     /// Which outage buckets belong to, doubled, plus [`DECIDED`] once a
@@ -585,8 +614,12 @@ impl LocalTier {
     /// The wall clock at `mono_ns`, from the offset between the clocks last
     /// measured (at construction and each prune): for the times the ledger
     /// keeps, without a second clock read on a check's fast path.
-    fn unix_from(&self, mono_ns: u64) -> u64 {
-        (mono_ns / 1_000).wrapping_add(self.unix_offset_us.load(Ordering::Relaxed))
+    fn stamp_at(&self, mono_ns: u64) -> Stamp {
+        let frame_us = self.unix_offset_us.load(Ordering::Relaxed);
+        Stamp {
+            unix_us: (mono_ns / 1_000).wrapping_add(frame_us),
+            frame_us,
+        }
     }
 
     fn sync_clocks(&self, now: Now) {
@@ -904,7 +937,7 @@ impl LocalTier {
                 && set.reconciles(0)
                 && let Some(rule) = set.rules().first()
             {
-                owed.add(rule, cost, self.unix_from(mono_ns));
+                owed.add(rule, cost, self.stamp_at(mono_ns));
                 self.mark_owing();
             }
             if let Some(rules) = rules {
@@ -987,7 +1020,7 @@ impl LocalTier {
         let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
         if allowed && record {
             let (key, b) = bucket.pair_mut();
-            self.owe(set, key.key(), &mut b.rules, cost, now.unix_us);
+            self.owe(set, key.key(), &mut b.rules, cost, now.stamp());
         }
         drop(bucket);
         let evals = &evals[..set.rules().len()];
@@ -1094,12 +1127,12 @@ impl LocalTier {
     /// `set` is the one checked, not the set the bucket's key was made with:
     /// both share the storage keys, but the limits may have changed since, and
     /// the ledger writes back under the latest.
-    fn owe(&self, set: &RuleSet, escaped_key: &str, rules: &mut [RuleCell], cost: u64, now: u64) {
+    fn owe(&self, set: &RuleSet, escaped_key: &str, rules: &mut [RuleCell], cost: u64, now: Stamp) {
         for (i, (rule, r)) in set.rules().iter().zip(rules).enumerate() {
             if !set.reconciles(i) {
                 continue;
             }
-            let window = window_index(rule, now);
+            let window = window_index(rule, now.unix_us);
             if r.owed.window.load(Ordering::Relaxed) != window {
                 self.move_owed(set, escaped_key, i, &r.owed);
                 r.owed.window.store(window, Ordering::Relaxed);
@@ -1110,14 +1143,16 @@ impl LocalTier {
     }
 
     fn move_owed(&self, set: &RuleSet, escaped_key: &str, rule: usize, owed: &Owed) {
-        if let (Some((units, first, last, _)), Some(r)) = (owed.take(), set.rules().get(rule)) {
-            self.ledger.record_span(
+        if let (Some((units, first, last, frame_us)), Some(r)) =
+            (owed.take(), set.rules().get(rule))
+        {
+            self.ledger.record_in_frame(
+                frame_us,
                 set.storage_key(escaped_key, rule),
                 r,
                 set.stripes(),
                 units,
-                first,
-                last,
+                (first, last),
             );
         }
     }
@@ -1175,7 +1210,7 @@ impl LocalTier {
     /// `escaped_key`: owed to Redis for every rule the set reconciles, like a
     /// local admission.
     pub fn record(&self, escaped_key: &str, set: &RuleSet, cost: u64) {
-        let now = self.unix_from(self.mono_ns());
+        let now = self.stamp_at(self.mono_ns());
         let probe = Probe::new(set, escaped_key);
         if let Some(mut bucket) = self.buckets.get_mut(&probe) {
             self.owe(set, escaped_key, &mut bucket.rules, cost, now);
@@ -1204,13 +1239,13 @@ impl LocalTier {
             None => {
                 for (i, rule) in set.rules().iter().enumerate() {
                     if set.reconciles(i) {
-                        self.ledger.record_span(
+                        self.ledger.record_in_frame(
+                            now.frame_us,
                             set.storage_key(escaped_key, i),
                             rule,
                             set.stripes(),
                             cost,
-                            now,
-                            now,
+                            (now.unix_us, now.unix_us),
                         );
                     }
                 }

@@ -701,3 +701,38 @@ fn a_wall_clock_stepped_forward_during_an_outage_drops_no_owed_units() {
     assert_eq!(local.ledger().drop_expired(clock.unix_micros()), 5);
     assert_eq!(local.ledger().units(), 0);
 }
+
+/// The same for a wall clock stepped back, and for units decided on the
+/// slow path (every window rule; here a fixed window), whose times are the
+/// wall clock read at the check: they were taken for the frame of the last
+/// prune, so after a step back of 2 minutes, units of a minute's window
+/// admitted just before were dropped as expired.
+#[test]
+fn a_wall_clock_stepped_back_drops_no_owed_units() {
+    let clock = Arc::new(SteppingClock {
+        inner: FakeClock::default(),
+        step_us: AtomicI64::new(0),
+    });
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    let set = RuleSet::new(
+        "api",
+        [Rule::per_minute(60)
+            .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+            .expect("valid")],
+    )
+    .expect("valid");
+    clock.step_us.store(-120_000_000, Ordering::Relaxed);
+    for _ in 0..5 {
+        assert!(allowed(local.check("k", &set, 1, 1, true)));
+    }
+    local.prune();
+    assert_eq!(
+        (local.ledger().drop_expired(clock.unix_micros()), local.ledger().units()),
+        (0, 5),
+        "units admitted just now were dropped as expired"
+    );
+    // A minute and more on, the window has passed by any clock.
+    clock.inner.advance(Duration::from_secs(61));
+    local.prune();
+    assert_eq!(local.ledger().drop_expired(clock.unix_micros()), 5);
+}
