@@ -23,10 +23,10 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances, RedisFailure};
+use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances, RedisFailure, Tier};
 use tokio::sync::mpsc;
 
-use crate::plan::{AppPlan, key, rule_sets, tier_code};
+use crate::plan::{AppPlan, Sabotage, key, rule_sets, tier_code};
 use crate::unix_us;
 
 /// The breaker settings every chaos app uses: production thresholds with short
@@ -44,7 +44,7 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Arc::new(
         HybridLimiter::builder()
             .redis_url(plan.redis_url.clone())
-            .deadline(if plan.sabotage_no_deadline {
+            .deadline(if plan.sabotage == Sabotage::NoDeadline {
                 Duration::from_secs(60)
             } else {
                 plan.deadline()
@@ -127,6 +127,14 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     let begun = Instant::now();
                     let result = limiter.check(&key(stream, k), &sets[stream], 1).await;
                     let lat = begun.elapsed().as_micros();
+                    let without_redis = matches!(&result, Ok(d) if d.tier != Tier::Redis);
+                    match plan.sabotage {
+                        Sabotage::PanicWithoutRedis if without_redis => {
+                            panic!("sabotage: a check made without Redis panics")
+                        }
+                        Sabotage::AbortWithoutRedis if without_redis => std::process::abort(),
+                        _ => {}
+                    }
                     let line = match result {
                         Ok(d) => format!(
                             "d,{at},{lat},{stream},{},{},{k},{},{}",
@@ -148,7 +156,10 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     for t in tasks {
-        let _ = t.await;
+        // A check that panicked stopped its task, which logs no decision
+        // again: the run's judge would never see what it skipped.
+        t.await
+            .map_err(|e| format!("a load task ended abnormally: {e}"))?;
     }
 
     // Let the breaker close and the ledger drain, then report.

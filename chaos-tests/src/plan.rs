@@ -7,6 +7,33 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tierlimit::{Algorithm, Policy, Rule, RuleSet, Tier};
 
+/// A deliberately broken app (`chaos --sabotage NAME`): each must fail the
+/// suite, which the process driver's tests show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Sabotage {
+    /// None: the real limiter and load.
+    #[default]
+    None,
+    /// Every Redis call waits up to 60 s instead of the deadline.
+    NoDeadline,
+    /// A load task panics at its first decision made without Redis: it
+    /// stops logging, and the rest of the app goes on.
+    PanicWithoutRedis,
+    /// The app aborts (SIGABRT) at its first decision made without Redis.
+    AbortWithoutRedis,
+}
+
+impl Sabotage {
+    /// Every sabotage, by its command-line name.
+    pub const ALL: [(&str, Sabotage); 3] = [
+        ("no-deadline", Sabotage::NoDeadline),
+        ("panic-without-redis", Sabotage::PanicWithoutRedis),
+        ("abort-without-redis", Sabotage::AbortWithoutRedis),
+    ];
+}
+
 /// The global limit of the local-fallback stream's binding rule, per key per
 /// second (a fixed window, so "per window" is exact).
 pub const WINDOW_LIMIT: u64 = 40;
@@ -94,10 +121,9 @@ pub struct AppPlan {
     pub day_offset_s: i64,
     /// Where to write the decision log.
     pub out: PathBuf,
-    /// A deliberately broken limiter: every Redis call waits up to 60 s
-    /// instead of the deadline, so the suite can show it catches that.
+    /// A deliberately broken app, so the suite can show it catches it.
     #[serde(default)]
-    pub sabotage_no_deadline: bool,
+    pub sabotage: Sabotage,
     /// The local-fallback stream uses the edge rules ([`EDGE_WINDOW_LIMIT`]
     /// per 2 s and [`EDGE_HOUR_LIMIT`] per hour) instead of 40 per second.
     #[serde(default)]

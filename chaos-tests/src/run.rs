@@ -10,7 +10,7 @@ use tierlimit_test::{MemoryFiller, StallWatch};
 
 use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
-use crate::plan::{AppPlan, EDGE_WINDOW_S, day_rule, key, mid_day_offset, rule_sets};
+use crate::plan::{AppPlan, EDGE_WINDOW_S, Sabotage, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
 use crate::unix_us;
 
@@ -27,8 +27,8 @@ pub struct RunConfig {
     pub work_dir: PathBuf,
     /// Time between starting the apps and the load, ms (containers need more).
     pub lead_ms: u64,
-    /// Build the apps with a broken limiter (no deadline) to show the suite catches it.
-    pub sabotage_no_deadline: bool,
+    /// Run broken apps, to show the suite catches them.
+    pub sabotage: Sabotage,
 }
 
 impl RunConfig {
@@ -283,7 +283,7 @@ fn run_inner(
             deadline_ms: cfg.deadline_ms,
             day_offset_s,
             out: dir.join(format!("app{app}.log")),
-            sabotage_no_deadline: cfg.sabotage_no_deadline,
+            sabotage: cfg.sabotage,
             edge: sc.edge,
             // The edge scenarios beat at the library's default (1 s), as a new
             // user's apps would: how long an instance count takes to recover

@@ -6,20 +6,26 @@
 use std::path::PathBuf;
 
 use chaos_tests::driver::ProcessDriver;
+use chaos_tests::plan::Sabotage;
 use chaos_tests::report::Report;
 use chaos_tests::run::{RunConfig, run_scenario};
 use chaos_tests::scenario;
 
-fn suite(names: &[&str], sabotage: bool, tag: &str) -> Report {
-    let cfg = RunConfig {
+fn config(sabotage: Sabotage, tag: &str) -> RunConfig {
+    RunConfig {
         quick: true,
         apps: 3,
         deadline_ms: 50,
         work_dir: std::env::temp_dir()
             .join(format!("tierlimit-chaos-{tag}-{}", std::process::id())),
         lead_ms: 1_500,
-        sabotage_no_deadline: sabotage,
-    };
+        sabotage,
+    }
+}
+
+/// Runs the named scenarios; each must run to a verdict.
+fn suite(names: &[&str], sabotage: Sabotage, tag: &str) -> Report {
+    let cfg = config(sabotage, tag);
     let mut driver = ProcessDriver::new(PathBuf::from(env!("CARGO_BIN_EXE_chaos-app")))
         .expect("chaos-app is built by cargo test");
     let mut report = Report {
@@ -42,10 +48,35 @@ fn suite(names: &[&str], sabotage: bool, tag: &str) -> Report {
     report
 }
 
+/// Runs `hang-redis` with `sabotage`, which must stop it with an error that
+/// names how an app ended.
+fn broken_run(sabotage: Sabotage, tag: &str) -> String {
+    let cfg = config(sabotage, tag);
+    let mut driver = ProcessDriver::new(PathBuf::from(env!("CARGO_BIN_EXE_chaos-app")))
+        .expect("chaos-app is built by cargo test");
+    let sc = scenario::all(cfg.phases().1, cfg.deadline_ms)
+        .into_iter()
+        .find(|s| s.name == "hang-redis")
+        .expect("hang-redis");
+    let outcome = run_scenario(&mut driver, &sc, &cfg, &mut |line| println!("{line}"));
+    let _ = std::fs::remove_dir_all(&cfg.work_dir);
+    match outcome {
+        Ok(result) => panic!(
+            "{sabotage:?} ran to a verdict (passed: {}): the suite did not see the app break",
+            result.passed()
+        ),
+        Err(e) => e,
+    }
+}
+
 #[test]
 fn hang_and_app_loss_keep_every_bound() {
     let _serial = tierlimit_test::serial_blocking();
-    let report = suite(&["hang-redis", "app-killed-in-reconcile"], false, "ok");
+    let report = suite(
+        &["hang-redis", "app-killed-in-reconcile"],
+        Sabotage::None,
+        "ok",
+    );
     println!("{}", report.markdown("none.svg"));
     assert!(
         report.passed(),
@@ -59,7 +90,7 @@ fn hang_and_app_loss_keep_every_bound() {
 #[test]
 fn a_limiter_without_a_deadline_fails_the_suite() {
     let _serial = tierlimit_test::serial_blocking();
-    let report = suite(&["hang-redis"], true, "sabotage");
+    let report = suite(&["hang-redis"], Sabotage::NoDeadline, "sabotage");
     let failures = report.failures();
     for f in &failures {
         println!("{f}");
@@ -75,4 +106,24 @@ fn a_limiter_without_a_deadline_fails_the_suite() {
                 .starts_with("FAIL hang-redis: every decision within deadline + 15 ms = 65 ms")),
         "no failure names the latency bound: {failures:?}"
     );
+}
+
+/// A check that panics stops its load task, which then logs nothing more:
+/// the app went on, exited 0, and the decisions it never made were never
+/// judged. The app now ends with an error, and the scenario with it.
+#[test]
+fn a_check_that_panics_fails_the_suite() {
+    let _serial = tierlimit_test::serial_blocking();
+    let e = broken_run(Sabotage::PanicWithoutRedis, "panic");
+    assert!(e.contains("exit status: 1"), "{e}");
+}
+
+/// An app that dies by a signal no scenario sent (an abort, the OOM killer)
+/// fails the scenario: the process driver took every death by signal for
+/// one of its own kills.
+#[test]
+fn an_app_that_aborts_fails_the_suite() {
+    let _serial = tierlimit_test::serial_blocking();
+    let e = broken_run(Sabotage::AbortWithoutRedis, "abort");
+    assert!(e.contains("signal: 6"), "{e}");
 }

@@ -1,5 +1,5 @@
 //! The chaos controller:
-//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]`.
+//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis]`.
 //!
 //! Runs the scenarios, shows progress, writes `<report-dir>/<STEM>.{json,md,svg}`
 //! and exits non-zero when a bound broke, printing one `FAIL` line per bound.
@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use chaos_tests::driver::{DockerDriver, Driver, ProcessDriver};
+use chaos_tests::plan::Sabotage;
 use chaos_tests::report::Report;
 use chaos_tests::run::{RunConfig, run_scenario};
 use chaos_tests::scenario;
@@ -19,7 +20,7 @@ struct Args {
     quick: bool,
     report_dir: PathBuf,
     name: String,
-    sabotage: bool,
+    sabotage: Sabotage,
     /// Only the scenarios on one Redis (`single`) or on a cluster (`cluster`).
     topology: Option<bool>,
 }
@@ -32,7 +33,7 @@ fn parse() -> Result<Args, String> {
         quick: false,
         report_dir: root.join("report"),
         name: "latest".into(),
-        sabotage: false,
+        sabotage: Sabotage::None,
         topology: None,
     };
     let mut it = std::env::args().skip(1);
@@ -51,10 +52,17 @@ fn parse() -> Result<Args, String> {
             },
             "--report-dir" => a.report_dir = PathBuf::from(value("a directory")?),
             "--name" => a.name = value("a file stem")?,
-            "--sabotage" => match value("no-deadline")?.as_str() {
-                "no-deadline" => a.sabotage = true,
-                other => return Err(format!("unknown sabotage {other:?} (known: no-deadline)")),
-            },
+            "--sabotage" => {
+                let name = value("a sabotage")?;
+                a.sabotage = Sabotage::ALL
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, s)| *s)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = Sabotage::ALL.iter().map(|(n, _)| *n).collect();
+                        format!("unknown sabotage {name:?} (known: {})", known.join(", "))
+                    })?;
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -73,7 +81,7 @@ fn main() -> ExitCode {
                 eprintln!("chaos: {e}");
             }
             eprintln!(
-                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline]"
+                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis]"
             );
             return ExitCode::from(2);
         }
@@ -106,7 +114,7 @@ fn main() -> ExitCode {
         } else {
             1_500
         },
-        sabotage_no_deadline: args.sabotage,
+        sabotage: args.sabotage,
     };
     let all = scenario::all(cfg.phases().1, cfg.deadline_ms);
     let known: Vec<&str> = all.iter().map(|s| s.name).collect();

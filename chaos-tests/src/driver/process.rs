@@ -24,6 +24,9 @@ pub struct ProcessDriver {
     plans: Vec<(AppPlan, usize)>,
     /// New processes started by `StartApp`, waited for with the others.
     restarted: Vec<(usize, Child)>,
+    /// The process ids `KillApp` killed: their death by signal is the
+    /// scenario; any other app's is a failure.
+    killed: Vec<u32>,
 }
 
 impl ProcessDriver {
@@ -48,6 +51,7 @@ impl ProcessDriver {
             apps: Vec::new(),
             plans: Vec::new(),
             restarted: Vec::new(),
+            killed: Vec::new(),
         })
     }
 
@@ -165,6 +169,7 @@ impl Driver for ProcessDriver {
                     Some((_, child)) => child,
                     None => self.apps.get_mut(i).ok_or_else(|| format!("no app {i}"))?,
                 };
+                self.killed.push(app.id());
                 app.kill().map_err(|e| format!("killing app {i}: {e}"))?;
                 let _ = app.wait();
             }
@@ -182,21 +187,25 @@ impl Driver for ProcessDriver {
     }
 
     fn wait_apps(&mut self) -> Result<(), String> {
-        for (i, app) in self.apps.iter_mut().enumerate() {
+        let apps = self
+            .apps
+            .iter_mut()
+            .enumerate()
+            .map(|(i, app)| (i, "", app));
+        let restarted = self
+            .restarted
+            .iter_mut()
+            .map(|(i, app)| (*i, " (restarted)", app));
+        for (i, which, app) in apps.chain(restarted) {
+            let pid = app.id();
             let status = app
                 .wait()
-                .map_err(|e| format!("waiting for app {i}: {e}"))?;
-            // A killed app exits by signal; that is the scenario, not a failure.
-            if let Some(code) = status.code().filter(|c| *c != 0) {
-                return Err(format!("app {i} exited with status {code}"));
-            }
-        }
-        for (i, app) in &mut self.restarted {
-            let status = app
-                .wait()
-                .map_err(|e| format!("waiting for app {i} (restarted): {e}"))?;
-            if let Some(code) = status.code().filter(|c| *c != 0) {
-                return Err(format!("app {i} (restarted) exited with status {code}"));
+                .map_err(|e| format!("waiting for app {i}{which}: {e}"))?;
+            // An app the scenario killed dies by signal; any other death
+            // (an abort, the OOM killer) is a failure.
+            let killed = status.code().is_none() && self.killed.contains(&pid);
+            if !status.success() && !killed {
+                return Err(format!("app {i}{which} ended with {status}"));
             }
         }
         Ok(())
@@ -213,6 +222,7 @@ impl Driver for ProcessDriver {
             let _ = app.wait();
         }
         self.restarted.clear();
+        self.killed.clear();
         self.plans.clear();
         self.proxy = None;
         self.redis = None;

@@ -727,7 +727,10 @@ fn a_wall_clock_stepped_back_drops_no_owed_units() {
     }
     local.prune();
     assert_eq!(
-        (local.ledger().drop_expired(clock.unix_micros()), local.ledger().units()),
+        (
+            local.ledger().drop_expired(clock.unix_micros()),
+            local.ledger().units()
+        ),
         (0, 5),
         "units admitted just now were dropped as expired"
     );
