@@ -228,8 +228,16 @@ pub(crate) fn governor_check(
     now_ns: u64,
     cost: u64,
 ) -> Eval {
+    // governor multiplies and adds these without checking: past u64 they
+    // wrapped, to an admission (release) or a panic (debug). A cost above
+    // the share's burst is never admitted here, and neither is one that
+    // would carry a cell past u64 (which only a carry that saturated makes).
+    let fits = t_ns
+        .checked_mul(cost)
+        .is_some_and(|w| w <= burst_ns && tat.get().checked_add(w).is_some());
     let outcome = u32::try_from(cost)
         .ok()
+        .filter(|_| fits)
         .and_then(NonZeroU32::new)
         .map(|n| at(now_ns, || limiter.check_key_n(&*tat, n)));
     let ceil_us = |ns: u64| ns.div_ceil(1_000);

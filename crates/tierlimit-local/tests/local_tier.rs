@@ -739,3 +739,44 @@ fn a_wall_clock_stepped_back_drops_no_owed_units() {
     local.prune();
     assert_eq!(local.ledger().drop_expired(clock.unix_micros()), 5);
 }
+
+/// A cost above this instance's share of a rule, though within the whole
+/// rule's capacity (which is all a cost is validated against), is denied:
+/// governor multiplied it by the share's emission interval unchecked, and
+/// past u64 the product wrapped to an admission (a panic in debug builds).
+#[test]
+fn a_cost_above_the_share_is_denied_however_large() {
+    let (local, _) = tier(LocalConfig::default());
+    // 5 a day with a burst of 260,000, over 5 instances: a share of 52,000,
+    // one unit every 17.28 hours.
+    let set = RuleSet::new(
+        "api",
+        [Rule::per_day(5)
+            .and_then(|r| r.with_burst(260_000))
+            .expect("valid")],
+    )
+    .expect("valid");
+    set.validate_cost(213_505)
+        .expect("within the rule's capacity");
+    assert!(!allowed(local.check("k", &set, 213_505, 5, true)));
+    assert!(!allowed(local.check("k", &set, 52_001, 5, true)));
+    assert!(allowed(local.check("k", &set, 52_000, 5, true)));
+}
+
+/// A limit cut from a million a day to 2 with the million used carries the
+/// cell to far beyond u64's nanoseconds (saturated): the next check's add
+/// wrapped there, and it was admitted.
+#[test]
+fn a_limit_cut_far_below_what_was_used_denies() {
+    let (local, _) = tier(LocalConfig::default());
+    let day = |limit| RuleSet::new("api", [Rule::per_day(limit).expect("valid")]).expect("valid");
+    assert!(allowed(local.check(
+        "k",
+        &day(1_000_000),
+        1_000_000,
+        1,
+        false
+    )));
+    assert!(!allowed(local.check("k", &day(2), 2, 1, false)));
+    assert!(!allowed(local.check("k", &day(2), 1, 1, false)));
+}
