@@ -64,38 +64,44 @@ impl LedgerEntry {
     }
 
     /// The wall-clock time (µs) after which these units can no longer change any
-    /// decision, so writing them back would only cost Redis work.
-    ///
-    /// Fixed window: the end of the window they fell in. Sliding window counter:
-    /// one period after that window ends (it still weighs as the previous window).
-    /// GCRA and token bucket: once a full bucket would have refilled after the
-    /// last unit (capacity × period ÷ limit: with a burst above the limit, more
-    /// than a period). Sliding log: one period after the last unit.
+    /// decision, so writing them back would only cost Redis work: see
+    /// [`units_matter_until_us`].
     pub fn expires_at_us(&self) -> u64 {
-        let period = self.rule.period_micros();
-        match self.rule.algorithm() {
-            Algorithm::FixedWindow => {
-                let start = window_start(self.last_us, period, self.rule.utc_offset_secs());
-                start.saturating_add(period)
-            }
-            Algorithm::SlidingWindow => {
-                let start = window_start(self.last_us, period, 0);
-                start.saturating_add(2 * period)
-            }
-            Algorithm::Gcra | Algorithm::TokenBucket => {
-                let refill = (u128::from(self.rule.capacity()) * u128::from(period))
-                    .div_ceil(u128::from(self.rule.limit().max(1)));
-                self.last_us
-                    .saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
-            }
-            _ => self.last_us.saturating_add(period),
-        }
+        units_matter_until_us(&self.rule, self.last_us)
     }
 
     /// The index of the window the units fell in (fixed and sliding window
     /// counters; 0 for the other algorithms).
     pub fn window_index(&self) -> u64 {
         window_index(&self.rule, self.last_us)
+    }
+}
+
+/// The wall-clock time (µs) after which units counted under `rule`, the
+/// last of them at `last_us`, can no longer change any decision.
+///
+/// Fixed window: the end of the window they fell in. Sliding window counter:
+/// one period after that window ends (it still weighs as the previous window).
+/// GCRA and token bucket: once a full bucket would have refilled after the
+/// last unit (capacity × period ÷ limit: with a burst above the limit, more
+/// than a period). Sliding log: one period after the last unit.
+pub fn units_matter_until_us(rule: &Rule, last_us: u64) -> u64 {
+    let period = rule.period_micros();
+    match rule.algorithm() {
+        Algorithm::FixedWindow => {
+            let start = window_start(last_us, period, rule.utc_offset_secs());
+            start.saturating_add(period)
+        }
+        Algorithm::SlidingWindow => {
+            let start = window_start(last_us, period, 0);
+            start.saturating_add(2 * period)
+        }
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            let refill = (u128::from(rule.capacity()) * u128::from(period))
+                .div_ceil(u128::from(rule.limit().max(1)));
+            last_us.saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
+        }
+        _ => last_us.saturating_add(period),
     }
 }
 

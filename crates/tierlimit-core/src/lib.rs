@@ -36,7 +36,9 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::{Decision, RuleState, Tier};
 pub use error::{Error, RedisFailure, Result};
 pub use key::{MAX_KEY_LEN, escape_key, validate_and_escape_key, validate_key};
-pub use ledger_entry::{LedgerEntry, owed_after_us, owed_since_us, window_index, window_start};
+pub use ledger_entry::{
+    LedgerEntry, owed_after_us, owed_since_us, units_matter_until_us, window_index, window_start,
+};
 pub use policy::Policy;
 pub use rule::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_REFILL_US, MAX_SLIDING_LOG_LIMIT, Rule};
 pub use rule_set::{MAX_RULES, RuleSet};

@@ -8,7 +8,7 @@ use dashmap::DashMap;
 use smallvec::SmallVec;
 use tierlimit_core::{
     Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, owed_since_us,
-    window_index,
+    units_matter_until_us, window_index,
 };
 
 use crate::bounded::{BoundedMap, ValueBytes};
@@ -1070,7 +1070,11 @@ impl LocalTier {
             let share = Share::of(rule, engine.instances);
             let left = share.capacity - in_use(e, rule, &r.state, now).min(share.capacity);
             let remaining = left.saturating_mul(engine.instances).min(rule.capacity());
-            (remaining, rule.capacity(), rule.period_micros())
+            // As long as what was used can matter: a period was short of a
+            // burst above the limit's refill, and of a sliding window's
+            // next window, and the next outage then started the key full.
+            let lasts_us = units_matter_until_us(rule, now.unix_us).saturating_sub(now.unix_us);
+            (remaining, rule.capacity(), lasts_us)
         });
         // Not a report after the bucket's outage: it supersedes no bucket.
         self.store_seed(key.set(), key.key(), now.unix_us, bucket.outage, seeds)

@@ -780,3 +780,27 @@ fn a_limit_cut_far_below_what_was_used_denies() {
     assert!(!allowed(local.check("k", &day(2), 2, 1, false)));
     assert!(!allowed(local.check("k", &day(2), 1, 1, false)));
 }
+
+/// What an ended outage's bucket used, kept as its key's seed, lasts as long
+/// as it can matter, not one period: with a burst of 100 over 10 an hour the
+/// bucket takes ten hours to refill, yet an hour on the seed was gone and the
+/// next outage started the key full (100 more, where 10 had refilled).
+#[test]
+fn an_ended_outages_seed_lasts_until_its_bucket_could_refill() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new(
+        "api",
+        [Rule::per_hour(10)
+            .and_then(|r| r.with_burst(100))
+            .expect("valid")],
+    )
+    .expect("valid");
+    assert_eq!(admitted(&local, "k", &set, 1, 100), 100);
+    local.end_outage(local.outage(), Duration::ZERO);
+    clock.advance(Duration::from_secs(1));
+    local.prune();
+    assert_eq!((local.len(), local.warm_count()), (0, 1), "the bucket left a seed");
+    clock.advance(Duration::from_secs(3_601));
+    let again = admitted(&local, "k", &set, 1, 100);
+    assert!(again <= 11, "{again} admitted an hour on, where about 10 refilled");
+}
