@@ -344,6 +344,25 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &sets.share(&set()).expect("room")));
     }
 
+    /// The largest set there is fits the rule sets' share of the smallest
+    /// byte bound: one that did not fit could never be decided locally.
+    #[test]
+    fn the_largest_set_fits_the_smallest_bound() {
+        use tierlimit_core::{MAX_RULES, MAX_STRIPES};
+        let rules = (1..=MAX_RULES as u64).map(|i| {
+            Rule::with_period(1_000_000 * i, std::time::Duration::from_secs(60 * i)).expect("valid")
+        });
+        let set = RuleSet::new("n".repeat(64), rules)
+            .and_then(|s| s.with_stripes(MAX_STRIPES))
+            .expect("valid");
+        let sets = SharedSets::new(1, crate::tier::MIN_BYTES / 8);
+        assert!(
+            sets.share(&set).is_some(),
+            "{} bytes",
+            super::set_bytes(&set)
+        );
+    }
+
     #[test]
     fn a_full_set_store_refuses_a_new_set_and_its_key() {
         let sets = SharedSets::new(1, 1 << 20);

@@ -49,9 +49,10 @@ pub struct LocalConfig {
     /// Most outage-ledger entries; see [`Ledger`].
     pub max_ledger_entries: usize,
     /// Most bytes the local tier's maps may take together (default 256 MiB,
-    /// at least 1 MiB): the ledger gets 3/8, the buckets 5/16, the denial
-    /// cache and the warm-start map 1/8 each, and the rule sets their keys
-    /// hold (one copy per distinct set) 1/16. Each entry is charged its key's
+    /// at least 4 MiB): the ledger and the buckets get 5/16 each, the denial
+    /// cache, the warm-start map and the rule sets their keys hold (one copy
+    /// per distinct set) 1/8 each: room for the largest set there is (16
+    /// rules over 64 stripes, about 330 KB) at the least. Each entry is charged its key's
     /// bytes and its slot, so long keys hit this bound before the entry
     /// bounds: a full map refuses new entries as it does at its entry bound.
     /// What the process really takes stays within about this (the test
@@ -61,7 +62,7 @@ pub struct LocalConfig {
 }
 
 /// The smallest [`LocalConfig::max_bytes`].
-const MIN_BYTES: usize = 1 << 20;
+pub(crate) const MIN_BYTES: usize = 4 << 20;
 
 impl Default for LocalConfig {
     fn default() -> Self {
@@ -583,9 +584,9 @@ impl LocalTier {
             buckets: BoundedMap::new(config.max_keys, config.max_bytes / 16 * 5),
             denials: BoundedMap::new(config.max_denials, config.max_bytes / 8),
             warm: BoundedMap::new(config.max_warm_keys, config.max_bytes / 8),
-            sets: SharedSets::new(config.max_keys, config.max_bytes / 16),
+            sets: SharedSets::new(config.max_keys, config.max_bytes / 8),
             engines: DashMap::new(),
-            ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 8 * 3),
+            ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 16 * 5),
             owing: AtomicBool::new(false),
             moving: Mutex::new(()),
             unix_offset_us: AtomicU64::new(0),
@@ -995,6 +996,14 @@ impl LocalTier {
         // The warm store is a different map, so reading it while holding this
         // bucket's shard lock cannot deadlock.
         let Some(mut bucket) = self.buckets.entry_of(&self.sets, set, escaped_key, make) else {
+            // No bucket holds the engine made for this one: not kept for the
+            // next prune (sets built per request, each with limits of its
+            // own, filled the engine map without bound meanwhile).
+            drop(engine);
+            self.engines
+                .remove_if(&engine_slot(set, instances), |_, e| {
+                    Arc::strong_count(e) == 1
+                });
             self.refused.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;

@@ -799,8 +799,15 @@ fn an_ended_outages_seed_lasts_until_its_bucket_could_refill() {
     local.end_outage(local.outage(), Duration::ZERO);
     clock.advance(Duration::from_secs(1));
     local.prune();
-    assert_eq!((local.len(), local.warm_count()), (0, 1), "the bucket left a seed");
+    assert_eq!(
+        (local.len(), local.warm_count()),
+        (0, 1),
+        "the bucket left a seed"
+    );
     clock.advance(Duration::from_secs(3_601));
     let again = admitted(&local, "k", &set, 1, 100);
-    assert!(again <= 11, "{again} admitted an hour on, where about 10 refilled");
+    assert!(
+        again <= 11,
+        "{again} admitted an hour on, where about 10 refilled"
+    );
 }

@@ -1222,7 +1222,7 @@ fn settings_sections_report_their_own_checks() {
     refused(
         &with_url("[local]\nmax_bytes = 1000\n"),
         "local.max_bytes",
-        "must be at least 1048576 (got 1000)",
+        "must be at least 4194304 (got 1000)",
     );
     refused(
         &with_url("[local]\nmax_denials = 0\n"),
