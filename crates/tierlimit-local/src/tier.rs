@@ -552,6 +552,9 @@ pub struct LocalTier {
     /// Held while the buckets' debts move into the ledger: see
     /// `move_all_owed`.
     moving: Mutex<()>,
+    /// True while a move walks the buckets, the mark already taken: see
+    /// `claim_pending`.
+    walking: AtomicBool,
     /// Wall clock minus monotonic clock, in µs (wrapping); see `stamp_at`.
     unix_offset_us: AtomicU64,
     refused: AtomicU64,
@@ -589,6 +592,7 @@ impl LocalTier {
             ledger: Ledger::new(config.max_ledger_entries, config.max_bytes / 16 * 5),
             owing: AtomicBool::new(false),
             moving: Mutex::new(()),
+            walking: AtomicBool::new(false),
             unix_offset_us: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             outage: AtomicU64::new(0),
@@ -1180,21 +1184,29 @@ impl LocalTier {
     /// write-back capped at the old one, and the rest lost).
     fn move_all_owed(&self) {
         let _moving = self.moving.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.owing.swap(false, Ordering::SeqCst) {
-            return;
+        self.walking.store(true, Ordering::SeqCst);
+        if self.owing.swap(false, Ordering::SeqCst) {
+            self.buckets.for_each(|key, bucket| {
+                let set = bucket.engine.as_ref().map_or(key.set(), |e| &e.set);
+                for (i, r) in bucket.rules.iter().enumerate() {
+                    self.move_owed(set, key.key(), i, &r.owed);
+                }
+            });
         }
-        self.buckets.for_each(|key, bucket| {
-            let set = bucket.engine.as_ref().map_or(key.set(), |e| &e.set);
-            for (i, r) in bucket.rules.iter().enumerate() {
-                self.move_owed(set, key.key(), i, &r.owed);
-            }
-        });
+        self.walking.store(false, Ordering::SeqCst);
     }
 
     /// Claims what `escaped_key` still owes Redis under `set`'s rules, so the
     /// key's next Redis call can carry it; empty (and free) when nothing is owed.
     pub fn claim_pending(&self, escaped_key: &str, set: &RuleSet) -> Vec<Claim> {
-        if self.ledger.is_empty() && !self.owing.load(Ordering::Relaxed) {
+        // Nothing owed anywhere: not while a move walks the buckets, which
+        // took the mark before it reached this key's and the ledger may be
+        // empty still (the key's call went out without its units). In this
+        // order: a walk that ended has filled the ledger.
+        if !self.walking.load(Ordering::SeqCst)
+            && !self.owing.load(Ordering::SeqCst)
+            && self.ledger.is_empty()
+        {
             return Vec::new();
         }
         let probe = Probe::new(set, escaped_key);
