@@ -666,25 +666,25 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
                 continue;
             }
             // The cool-down in force when Redis returned, plus one probe.
-            let (state, due) = log
+            let Some(last) = log
                 .states
                 .iter()
                 .take_while(|l| l.at <= tl.healed_at)
                 .last()
-                .map(|l| (l.state.as_str(), l.due))
-                .unwrap_or(("closed", None));
-            if state == "closed" {
+                .filter(|l| l.state != "closed")
+            else {
                 // Closed again before the heal was recorded: a docker action
                 // lands before its command returns, so Redis was back earlier.
                 recover_ms = Some(recover_ms.unwrap_or(0.0));
                 continue;
-            }
-            let limit = if state == "open" && !log.probe_in_flight(tl.healed_at, deadline_us) {
-                due.unwrap_or(tl.healed_at).max(tl.healed_at) + deadline_us
-            } else {
-                // A probe in flight may still fail: then one more cool-down and probe.
-                tl.healed_at + 2 * deadline_us + ctx.max_cool_down_ms * 1_000
-            } + 100_000;
+            };
+            let limit = recovery_bound(
+                last,
+                log.probe_in_flight(tl.healed_at, deadline_us),
+                tl.healed_at,
+                deadline_us,
+                ctx.max_cool_down_ms * 1_000,
+            );
             match log.first("closed", tl.healed_at.saturating_sub(1)) {
                 Some(t) => {
                     recover_ms = Some(
@@ -1088,6 +1088,31 @@ fn cluster_checks(
     }
 }
 
+/// By when (µs) an app whose breaker was last seen as `last` (not closed)
+/// when Redis returned at `healed_at` must close: the probe then due, or
+/// once a probe in flight failed, one more cool-down and probe; 100 ms of
+/// slack. The probe's due time is the app's own word, so it is held to the
+/// longest cool-down after the app saw it open: a breaker whose cool-down
+/// outgrew its cap moved the bound with it, and passed.
+fn recovery_bound(
+    last: &StateLine,
+    probe_in_flight: bool,
+    healed_at: u64,
+    deadline_us: u64,
+    max_cool_down_us: u64,
+) -> u64 {
+    let slack = 100_000;
+    if last.state == "open" && !probe_in_flight {
+        let due = last
+            .due
+            .unwrap_or(healed_at)
+            .min(last.at + max_cool_down_us);
+        due.max(healed_at) + deadline_us + slack
+    } else {
+        healed_at + 2 * deadline_us + max_cool_down_us + slack
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1133,6 +1158,28 @@ mod tests {
 
     fn mismatch(decisions: &[Decision], redis_holds: u64) -> Option<String> {
         counts(decisions, 0, &[redis_holds]).err()
+    }
+
+    /// The probe's due time an app reports is held to its longest
+    /// cool-down: reported 3 s after it saw the breaker open (max 1 s), the
+    /// bound is that second, not the 3 s.
+    #[test]
+    fn a_probe_due_past_the_longest_cool_down_is_not_believed() {
+        let open = |due| StateLine {
+            at: 10_000_000,
+            state: "open".into(),
+            due: Some(due),
+            since: 9_990_000,
+        };
+        let (healed, deadline, max) = (10_500_000, 50_000, 1_000_000);
+        assert_eq!(
+            recovery_bound(&open(10_800_000), false, healed, deadline, max),
+            10_800_000 + 50_000 + 100_000
+        );
+        assert_eq!(
+            recovery_bound(&open(13_000_000), false, healed, deadline, max),
+            11_000_000 + 50_000 + 100_000
+        );
     }
 
     #[test]
