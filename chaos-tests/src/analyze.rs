@@ -210,6 +210,23 @@ pub struct Timeline {
     /// The machine's stalls since the run's start, as the controller's
     /// [`StallWatch`](tierlimit_test::StallWatch) saw them.
     pub stalls: Vec<Stall>,
+    /// Redis returned during the fault phase and broke again (a second
+    /// outage, a crash loop): when each return was done, and when the break
+    /// after it landed and its own return was done, µs. The first break
+    /// (`fault_at`) and the last return (`healed_at`) are judged apart.
+    pub returns_between: Vec<ReturnBetween>,
+}
+
+/// One return of Redis within a fault phase, and the break after it: see
+/// [`Timeline::returns_between`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReturnBetween {
+    /// When Redis was back, µs.
+    pub returned_at: u64,
+    /// When it broke again (the action done), µs.
+    pub broke_at: u64,
+    /// When that break ended (the next return, or the heal), µs.
+    pub ended_at: u64,
 }
 
 /// `d`'s latency less what a stall of the whole machine at its end explains
@@ -733,6 +750,10 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
         }
     }
 
+    if sc.outage {
+        judge_returns_between(ctx, logs, &all, &mut checks);
+    }
+
     // Reconciliation: Redis holds every unit admitted for the natural-day rule.
     let reconciled: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[0]).sum();
     let dropped: u64 = logs
@@ -1088,6 +1109,116 @@ fn cluster_checks(
     }
 }
 
+/// The breaker across each return of Redis within the fault phase and the
+/// break after it (a second outage, a crash loop), where only the first
+/// break and the last return were judged: a breaker that never tripped again
+/// after its first close passed. Each app that was Open when Redis returned
+/// closes within its cool-down and one probe (when the return lasted that
+/// long), and each app Closed when Redis broke again trips within 500 ms of
+/// Redis' last answer (200 ms for a fast-trip fault its calls did not time
+/// out on), when the break lasted a second or more.
+fn judge_returns_between(
+    ctx: &Context<'_>,
+    logs: &[AppLog],
+    all: &[(usize, &Decision)],
+    checks: &mut Vec<Check>,
+) {
+    let tl = &ctx.timeline;
+    let deadline_us = ctx.deadline_ms * 1_000;
+    for (n, rb) in tl.returns_between.iter().enumerate() {
+        let n = n + 1;
+        for (a, log) in logs.iter().enumerate() {
+            if tl.killed.iter().any(|(k, t)| *k == a && *t <= rb.ended_at) {
+                continue;
+            }
+            // Closed within the return.
+            let open_at_return = log
+                .states
+                .iter()
+                .take_while(|l| l.at <= rb.returned_at)
+                .last()
+                .filter(|l| l.state != "closed");
+            if let Some(last) = open_at_return {
+                let limit = recovery_bound(
+                    last,
+                    log.probe_in_flight(rb.returned_at, deadline_us),
+                    rb.returned_at,
+                    deadline_us,
+                    ctx.max_cool_down_ms * 1_000,
+                );
+                let closed = log.first("closed", rb.returned_at);
+                if limit <= rb.broke_at && closed.is_none_or(|t| t > limit) {
+                    checks.push(check(
+                        format!("app {a} closes within its cool-down + one probe after return {n}"),
+                        false,
+                        format!(
+                            "{}, bound {:.1} ms",
+                            closed.map_or(
+                                "never closed before Redis broke again".to_string(),
+                                |t| {
+                                    format!(
+                                        "closed {:.1} ms after",
+                                        (t - rb.returned_at) as f64 / 1e3
+                                    )
+                                }
+                            ),
+                            (limit - rb.returned_at) as f64 / 1e3
+                        ),
+                    ));
+                }
+            }
+            // Tripped in the break after it.
+            if rb.ended_at.saturating_sub(rb.broke_at) < 1_000_000
+                || log.state_at(rb.broke_at) != "closed"
+            {
+                continue;
+            }
+            let opened = log.first("open", rb.broke_at).filter(|t| *t < rb.ended_at);
+            let timed_out = log.decisions.iter().any(|d| {
+                d.t + d.lat >= rb.broke_at
+                    && opened.is_none_or(|o| d.t <= o)
+                    && d.failure == Some(RedisFailure::Timeout)
+            });
+            let bound = if ctx.scenario.fast_trip && !timed_out {
+                200_000
+            } else {
+                500_000
+            };
+            let name = format!(
+                "app {a} trips within {} ms of break {}",
+                bound / 1_000,
+                n + 1
+            );
+            match opened {
+                Some(t) => {
+                    let last_answer = all
+                        .iter()
+                        .filter(|(_, d)| d.tier == Tier::Redis && d.t >= rb.broke_at && d.t < t)
+                        .map(|(_, d)| d.t)
+                        .max()
+                        .unwrap_or(rb.broke_at);
+                    let trip = t - last_answer;
+                    if trip > bound {
+                        checks.push(check(name, false, format!("{:.1} ms", trip as f64 / 1e3)));
+                    }
+                }
+                None => checks.push(check(name, false, "never tripped")),
+            }
+        }
+    }
+    if !tl.returns_between.is_empty() {
+        let broken = checks.iter().any(|c| {
+            c.verdict == "FAIL"
+                && (c.bound.contains("after return") || c.bound.contains("of break"))
+        });
+        checks.push(check(
+            "every app closes after each return of Redis and trips again at each break after it",
+            !broken,
+            format!("{} return(s) within the fault", tl.returns_between.len()),
+        ));
+    }
+}
+
 /// By when (µs) an app whose breaker was last seen as `last` (not closed)
 /// when Redis returned at `healed_at` must close: the probe then due, or
 /// once a probe in flight failed, one more cool-down and probe; 100 ms of
@@ -1158,6 +1289,75 @@ mod tests {
 
     fn mismatch(decisions: &[Decision], redis_holds: u64) -> Option<String> {
         counts(decisions, 0, &[redis_holds]).err()
+    }
+
+    /// A breaker that closed after Redis' first return but never tripped at
+    /// its second break fails the run (before, only the first break and the
+    /// last return were judged); one that trips in time passes.
+    #[test]
+    fn a_second_break_is_judged_too() {
+        let scenario = crate::scenario::all(2_500, 50)
+            .into_iter()
+            .find(|s| s.name == "second-outage-in-hour")
+            .expect("the scenario");
+        let line = |at: u64, state: &str| StateLine {
+            at,
+            state: state.into(),
+            due: (state == "open").then_some(at + 200_000),
+            since: at - 1_000,
+        };
+        // Open at 0.3 s (its probe due at 0.5 s), closed at 1.1 s (Redis
+        // back at 1 s: within 50 ms + 100 ms of slack), broken again at 5 s
+        // until 7 s.
+        let mut states = vec![line(300_000, "open"), line(1_100_000, "closed")];
+        let judged = |states: &[StateLine]| {
+            let ctx = Context {
+                scenario: &scenario,
+                driver: "test",
+                deadline_ms: 50,
+                max_cool_down_ms: 1_000,
+                keys: 1,
+                apps: 1,
+                timeline: Timeline {
+                    returns_between: vec![ReturnBetween {
+                        returned_at: 1_000_000,
+                        broke_at: 5_000_000,
+                        ended_at: 7_000_000,
+                    }],
+                    ..Timeline::default()
+                },
+                in_flight: 4,
+                redis_counts: HashMap::new(),
+                victim_keys: HashSet::new(),
+            };
+            let logs = [AppLog {
+                decisions: Vec::new(),
+                errors: Vec::new(),
+                states: states.to_vec(),
+                last: None,
+            }];
+            let mut checks = Vec::new();
+            judge_returns_between(&ctx, &logs, &[], &mut checks);
+            checks
+        };
+        let never = judged(&states);
+        assert!(
+            never
+                .iter()
+                .any(|c| c.verdict == "FAIL" && c.measured == "never tripped"),
+            "{never:?}"
+        );
+        states.push(line(5_300_000, "open"));
+        let tripped = judged(&states);
+        assert!(tripped.iter().all(|c| c.verdict == "PASS"), "{tripped:?}");
+        // Closed only after that bound.
+        states[1] = line(2_000_000, "closed");
+        let late = judged(&states);
+        assert!(
+            late.iter()
+                .any(|c| c.verdict == "FAIL" && c.bound.contains("after return 1")),
+            "{late:?}"
+        );
     }
 
     /// The probe's due time an app reports is held to its longest

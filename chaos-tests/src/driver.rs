@@ -54,6 +54,32 @@ pub enum Action {
     FailoverMaster,
 }
 
+impl Action {
+    /// Whether it leaves the apps without Redis (one Redis; a cluster's
+    /// faults are judged apart).
+    pub fn breaks_redis(self) -> bool {
+        matches!(
+            self,
+            Action::KillRedis
+                | Action::PauseRedis
+                | Action::CutNetwork
+                | Action::ResetConnections
+                | Action::Latency(_)
+        )
+    }
+
+    /// Whether it gives the apps their Redis back.
+    pub fn returns_redis(self) -> bool {
+        matches!(
+            self,
+            Action::StartRedis
+                | Action::ResumeRedis
+                | Action::RestoreNetwork
+                | Action::ClearNetworkFault
+        )
+    }
+}
+
 /// A cluster as the controller reaches it: where its nodes are, and which
 /// master the cluster faults hit.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tierlimit_core::escape_key;
 use tierlimit_test::{MemoryFiller, StallWatch};
 
-use crate::analyze::{AppLog, Context, ScenarioResult, Timeline, judge};
+use crate::analyze::{AppLog, Context, ReturnBetween, ScenarioResult, Timeline, judge};
 use crate::driver::{Action, ClusterTarget, Driver, restarted_log};
 use crate::plan::{AppPlan, EDGE_WINDOW_S, Sabotage, day_rule, key, mid_day_offset, rule_sets};
 use crate::scenario::Scenario;
@@ -343,6 +343,9 @@ fn run_inner(
     };
     let mut steps = sc.fault.clone();
     steps.sort_by_key(|(at, _)| *at);
+    // Redis back within the fault phase, and broken again after it.
+    let mut returned_at = None;
+    let mut returns_between: Vec<ReturnBetween> = Vec::new();
     let mut next_tick = warm + 1_000;
     let mut master_lost = None;
     for (at, action) in steps {
@@ -355,6 +358,20 @@ fn run_inner(
         let asked = unix_us() - start_us;
         driver.act(action)?;
         let done = unix_us() - start_us;
+        if action.returns_redis() {
+            returned_at = Some(done);
+            if let Some(rb) = returns_between.last_mut().filter(|rb| rb.ended_at == 0) {
+                rb.ended_at = done;
+            }
+        } else if action.breaks_redis()
+            && let Some(returned_at) = returned_at.take()
+        {
+            returns_between.push(ReturnBetween {
+                returned_at,
+                broke_at: done,
+                ended_at: 0,
+            });
+        }
         match action {
             Action::KillApp(i) => killed.push((current.get(i).copied().unwrap_or(i), done)),
             Action::StartApp(i) => {
@@ -392,6 +409,9 @@ fn run_inner(
         filler.stop()?;
     }
     let healed_at = unix_us() - start_us;
+    if let Some(rb) = returns_between.last_mut().filter(|rb| rb.ended_at == 0) {
+        rb.ended_at = healed_at;
+    }
     if let Some(app) = sc.kill_app_after_close {
         // Kill it once its log shows the breaker closed again: mid-drain.
         let mut tail = Tail::new(dir.join(format!("app{app}.log")));
@@ -455,6 +475,7 @@ fn run_inner(
             master_lost,
             promoted_at: cluster.as_ref().and_then(|c| c.promoted_at),
             stalls,
+            returns_between,
         },
         redis_counts,
         victim_keys: cluster.map(|c| c.victim_keys).unwrap_or_default(),
