@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use support::{builder, healthy, trip};
-use tierlimit::{Algorithm, Error, Policy, Rule, RuleSet, Tier};
+use tierlimit::{Algorithm, Error, HybridLimiter, Policy, Rule, RuleSet, Tier};
 use tierlimit_test::{Fault, FaultProxy, RedisServer};
 
 const KEYS: usize = 4;
@@ -332,12 +332,14 @@ async fn the_local_tier_keeps_usage_across_a_reload_during_an_outage() {
     assert_eq!(after_lower, 0, "lowered to 5 with 25 used");
 }
 
-/// A limit raised by reload while units are owed: they are written back
-/// under the new limit. Under the old one (the entry's until its key admitted
-/// again), the window's write-back stopped at it, and once another instance
-/// had pushed the count past it the units were lost: Redis held 500, not 550.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
+/// Limiter `a` (behind the proxy) owes 50 units of `daily(100)` on key `k`
+/// from an outage; `raise` reloads it to `daily(1_000)` its own way, and `b`
+/// (straight to Redis) is raised too and admits 500 more on Redis. Once the
+/// proxy heals and `a` has drained, what Redis holds for `k`.
+async fn owed_across_a_raise<F>(raise: F) -> u64
+where
+    F: FnOnce(&HybridLimiter, RuleSet),
+{
     let _serial = tierlimit_test::serial().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
@@ -356,14 +358,27 @@ async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
     }
     // Into the ledger, under the old rule, as the pruner moves them.
     assert_eq!(a.local().ledger().units(), 50);
-    a.replace_rule_sets([new()]).expect("valid");
+    raise(&a, new());
     b.replace_rule_sets([new()]).expect("valid");
     for _ in 0..500 {
         assert!(admit(&b, "k").await, "b on Redis, under 1,000");
     }
     proxy.set(Fault::None);
     support::drained(&a, Duration::from_secs(10)).await;
-    assert_eq!(redis_count(&server, &new(), "k").await, 550);
+    redis_count(&server, &new(), "k").await
+}
+
+/// A limit raised by reload while units are owed: they are written back
+/// under the new limit. Under the old one (the entry's until its key admitted
+/// again), the window's write-back stopped at it, and once another instance
+/// had pushed the count past it the units were lost: Redis held 500, not 550.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
+    let held = owed_across_a_raise(|a, new| {
+        a.replace_rule_sets([new]).expect("valid");
+    })
+    .await;
+    assert_eq!(held, 550);
 }
 
 /// The same, when the set is dropped by one reload and comes back raised in
@@ -372,34 +387,14 @@ async fn units_owed_across_a_raised_limit_are_written_back_under_it() {
 /// limit and lost past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_owed_by_a_set_removed_then_re_added_raised_are_written_back_under_it() {
-    let _serial = tierlimit_test::serial().await;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    let old = || daily(100, Policy::LocalFallback);
-    let new = || daily(1_000, Policy::LocalFallback);
-    let a = healthy(builder(&proxy.url()).rule_sets([old()])).await;
-    let b = healthy(builder(&server.url()).rule_sets([old()])).await;
-    proxy.set(Fault::Refuse);
-    let ping = RuleSet::new("ping", [Rule::per_second(1_000).expect("valid")])
-        .expect("valid")
-        .with_reconcile(false);
-    trip(&a, &ping).await;
-    for _ in 0..50 {
-        let d = a.check_by_name("api", "k", 1).await.expect("valid");
-        assert!(d.allowed && d.tier == Tier::Local, "{d:?}");
-    }
-    assert_eq!(a.local().ledger().units(), 50);
-    let report = a.replace_rule_sets([]).expect("valid");
-    assert_eq!(report.removed, ["api"]);
-    let report = a.replace_rule_sets([new()]).expect("valid");
-    assert_eq!(report.added, ["api"]);
-    b.replace_rule_sets([new()]).expect("valid");
-    for _ in 0..500 {
-        assert!(admit(&b, "k").await, "b on Redis, under 1,000");
-    }
-    proxy.set(Fault::None);
-    support::drained(&a, Duration::from_secs(10)).await;
-    assert_eq!(redis_count(&server, &new(), "k").await, 550);
+    let held = owed_across_a_raise(|a, new| {
+        let report = a.replace_rule_sets([]).expect("valid");
+        assert_eq!(report.removed, ["api"]);
+        let report = a.replace_rule_sets([new]).expect("valid");
+        assert_eq!(report.added, ["api"]);
+    })
+    .await;
+    assert_eq!(held, 550);
 }
 
 #[tokio::test]

@@ -262,29 +262,23 @@ async fn shutdown_while_redis_is_down_reports_what_is_lost() {
     );
 }
 
-/// A shutdown ends at its timeout against a hung Redis too: a write-back
-/// call on the drain's connection, sent just before Redis hung, ran for a
-/// whole deadline (2 s here) past a timeout of 200 ms, and leaving the
-/// heartbeat set for another.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
-    let _serial = tierlimit_test::serial().await;
-    const KEYS: u64 = 50;
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.addr()).await;
-    // A slow drain: one entry per batch, mostly asleep.
+/// Keys a limiter owes in [`drain_under_way`]: more than its slow drain
+/// writes back before the tests below break Redis.
+const OWED_KEYS: u64 = 50;
+
+/// A limiter (through `proxy`, with `builder`'s other settings) that owes
+/// Redis one unit for each of [`OWED_KEYS`] keys from an outage, and whose
+/// slow drain (one entry per batch, mostly asleep) has written back some of
+/// them since Redis returned: its drain has a connection, and most is left.
+async fn drain_under_way(proxy: &FaultProxy, builder: HybridLimiterBuilder) -> HybridLimiter {
     let mut slow = ReconcileConfig::default();
     slow.batch_size = 1;
     slow.duty_cycle = 0.01;
-    let limiter = builder(&proxy.url(), Instances::Learned { assume: Some(1) })
-        .deadline(Duration::from_secs(2))
-        .reconcile(slow)
-        .build()
-        .expect("valid config");
-    let set = hourly("hung", 10);
+    let limiter = builder.reconcile(slow).build().expect("valid config");
+    let set = hourly("owed", 10);
     proxy.set(Fault::Refuse);
     trip(&limiter, &trip_set()).await;
-    for i in 0..KEYS {
+    for i in 0..OWED_KEYS {
         limiter
             .check(&format!("u{i}"), &set, 1)
             .await
@@ -292,14 +286,31 @@ async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
     }
     proxy.set(Fault::None);
     assert!(limiter.wait_closed(Duration::from_secs(5)).await);
-    // The drain has its connection and is under way: then Redis hangs.
     assert!(
         wait_for(Duration::from_secs(5), || {
-            limiter.reconcile_stats().pending_units < KEYS
+            limiter.reconcile_stats().pending_units < OWED_KEYS
         })
         .await,
         "the drain did not start"
     );
+    limiter
+}
+
+/// A shutdown ends at its timeout against a hung Redis too: a write-back
+/// call on the drain's connection, sent just before Redis hung, ran for a
+/// whole deadline (2 s here) past a timeout of 200 ms, and leaving the
+/// heartbeat set for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
+    let _serial = tierlimit_test::serial().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr()).await;
+    let limiter = drain_under_way(
+        &proxy,
+        builder(&proxy.url(), Instances::Learned { assume: Some(1) })
+            .deadline(Duration::from_secs(2)),
+    )
+    .await;
     server.pause();
     let pending = limiter.reconcile_stats().pending_units;
     assert!(pending > 0, "the drain ended before Redis hung");
@@ -324,35 +335,13 @@ async fn shutdown_against_a_hung_redis_ends_at_its_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_through_a_healed_blackhole_writes_everything_back() {
     let _serial = tierlimit_test::serial().await;
-    const KEYS: u64 = 50;
     let server = RedisServer::start();
     let proxy = Arc::new(FaultProxy::start(server.addr()).await);
-    let mut slow = ReconcileConfig::default();
-    slow.batch_size = 1;
-    slow.duty_cycle = 0.01;
-    let limiter = builder(&proxy.url(), Instances::Fixed(1))
-        .deadline(Duration::from_millis(200))
-        .reconcile(slow)
-        .build()
-        .expect("valid config");
-    let set = hourly("healed", 10);
-    proxy.set(Fault::Refuse);
-    trip(&limiter, &trip_set()).await;
-    for i in 0..KEYS {
-        limiter
-            .check(&format!("u{i}"), &set, 1)
-            .await
-            .expect("valid");
-    }
-    proxy.set(Fault::None);
-    assert!(limiter.wait_closed(Duration::from_secs(5)).await);
-    assert!(
-        wait_for(Duration::from_secs(5), || {
-            limiter.reconcile_stats().pending_units < KEYS
-        })
-        .await,
-        "the drain did not start"
-    );
+    let limiter = drain_under_way(
+        &proxy,
+        builder(&proxy.url(), Instances::Fixed(1)).deadline(Duration::from_millis(200)),
+    )
+    .await;
     // The drain's socket loses what it sends for 600 ms, then works again.
     proxy.set(Fault::Blackhole);
     let healer = {
