@@ -6,26 +6,17 @@
 //!
 //! One test in its own binary, so the resident-memory reading is its alone.
 
-use std::sync::Arc;
-
-use tierlimit_core::{Rule, RuleSet, SystemClock, escape_key};
-use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
+use tierlimit_core::{Rule, RuleSet, escape_key};
+use tierlimit_local::LocalAnswer;
 
 mod support;
 
-use support::{assert_within, resident_bytes};
+use support::{assert_within, bounded_tier, resident_bytes};
 
 #[test]
 fn memory_is_bounded_by_bytes() {
     const BUDGET: usize = 32 << 20;
-    let local = LocalTier::new(
-        LocalConfig {
-            max_bytes: BUDGET,
-            ..LocalConfig::default()
-        },
-        Arc::new(SystemClock),
-    )
-    .expect("valid config");
+    let local = bounded_tier(BUDGET);
     let set = RuleSet::new("api", [Rule::per_hour(100).expect("valid")]).expect("valid");
     let before = resident_bytes();
     let (mut decided, mut full) = (0u64, 0u64);

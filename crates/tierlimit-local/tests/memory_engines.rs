@@ -6,27 +6,19 @@
 //!
 //! One test in its own binary, so the resident-memory reading is its alone.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{MAX_RULES, Rule, RuleSet, SystemClock};
-use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
+use tierlimit_core::{MAX_RULES, Rule, RuleSet};
+use tierlimit_local::LocalAnswer;
 
 mod support;
 
-use support::{assert_within, resident_bytes};
+use support::{assert_within, bounded_tier, resident_bytes};
 
 #[test]
 fn sets_with_limits_of_their_own_stay_within_the_byte_bound() {
     const BUDGET: usize = 4 << 20;
-    let local = LocalTier::new(
-        LocalConfig {
-            max_bytes: BUDGET,
-            ..LocalConfig::default()
-        },
-        Arc::new(SystemClock),
-    )
-    .expect("valid config");
+    let local = bounded_tier(BUDGET);
     let name = "n".repeat(64);
     let before = resident_bytes();
     let (mut decided, mut full) = (0u64, 0u64);

@@ -6,15 +6,14 @@
 //!
 //! One test in its own binary, so the resident-memory reading is its alone.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{Decision, MAX_RULES, Rule, RuleSet, SystemClock, Tier};
-use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
+use tierlimit_core::{Decision, MAX_RULES, Rule, RuleSet, Tier};
+use tierlimit_local::LocalAnswer;
 
 mod support;
 
-use support::{assert_within, resident_bytes};
+use support::{assert_within, bounded_tier, resident_bytes};
 
 /// The largest set there is: a name of 64 characters and 16 rules.
 fn big_set(name: &str) -> RuleSet {
@@ -26,14 +25,7 @@ fn big_set(name: &str) -> RuleSet {
 #[test]
 fn a_rule_set_built_per_request_stays_within_the_byte_bound() {
     const BUDGET: usize = 4 << 20;
-    let local = LocalTier::new(
-        LocalConfig {
-            max_bytes: BUDGET,
-            ..LocalConfig::default()
-        },
-        Arc::new(SystemClock),
-    )
-    .expect("valid config");
+    let local = bounded_tier(BUDGET);
     let name = "n".repeat(64);
     let before = resident_bytes();
     let (mut decided, mut full) = (0u64, 0u64);

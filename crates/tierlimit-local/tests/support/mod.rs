@@ -1,6 +1,23 @@
 //! What the memory tests share: each runs alone in its own binary, so the
 //! process's resident memory is its own.
 
+use std::sync::Arc;
+
+use tierlimit_core::SystemClock;
+use tierlimit_local::{LocalConfig, LocalTier};
+
+/// A local tier on the system clock whose maps may take `max_bytes`.
+pub(crate) fn bounded_tier(max_bytes: usize) -> LocalTier {
+    LocalTier::new(
+        LocalConfig {
+            max_bytes,
+            ..LocalConfig::default()
+        },
+        Arc::new(SystemClock),
+    )
+    .expect("valid config")
+}
+
 /// Resident memory of this process, from `/proc/self/statm` (Linux).
 pub(crate) fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm (Linux)");
