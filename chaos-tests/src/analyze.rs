@@ -215,6 +215,12 @@ pub struct Timeline {
     /// after it landed and its own return was done, µs. The first break
     /// (`fault_at`) and the last return (`healed_at`) are judged apart.
     pub returns_between: Vec<ReturnBetween>,
+    /// For a scenario that kills an app once it closed after the heal: the
+    /// app's log showed the close before the kill (`false`: the controller
+    /// gave up waiting and killed it anyway).
+    pub killed_after_close: Option<bool>,
+    /// The delay a `Latency` fault put on each packet each way, ms.
+    pub latency_ms: Option<u64>,
 }
 
 /// One return of Redis within a fault phase, and the break after it: see
@@ -753,6 +759,9 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     if sc.outage {
         judge_returns_between(ctx, logs, &all, &mut checks);
     }
+    if !sc.cluster {
+        judge_redis_again(ctx, logs, &mut checks);
+    }
 
     // Reconciliation: Redis holds every unit admitted for the natural-day rule.
     let reconciled: u64 = logs.iter().filter_map(|l| l.last).map(|f| f[0]).sum();
@@ -1109,6 +1118,80 @@ fn cluster_checks(
     }
 }
 
+/// What shows that the fault did what it says and that every app came back
+/// to Redis: with no admission bound of their own, a run in which a limiter
+/// stayed on its fallback after a restart, or in which the latency was never
+/// applied, passed.
+///
+/// * Every app still running at the end has Redis (or its denial cache)
+///   decide again after the heal: a limiter stuck on its fallback fails.
+/// * A `Latency` fault below the deadline slowed Redis' decisions made
+///   under it: their median is at least the round trip it adds.
+/// * An app killed once it closed after the heal closed before its kill.
+fn judge_redis_again(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>) {
+    let tl = &ctx.timeline;
+    let mut stuck = Vec::new();
+    for (a, log) in logs.iter().enumerate() {
+        if tl.killed.iter().any(|(k, _)| *k == a) || log.last.is_none() {
+            continue;
+        }
+        let again = log
+            .decisions
+            .iter()
+            .any(|d| d.t >= tl.healed_at && matches!(d.tier, Tier::Redis | Tier::DenyCache));
+        if !again {
+            stuck.push(a.to_string());
+        }
+    }
+    checks.push(check(
+        "every app decides on Redis again after the heal",
+        stuck.is_empty(),
+        if stuck.is_empty() {
+            "every app still running did".to_string()
+        } else {
+            format!("app(s) {} never did", stuck.join(", "))
+        },
+    ));
+    // Past the deadline, no call is answered under it: the trip is judged.
+    if let Some(ms) = tl.latency_ms.filter(|ms| 2 * ms < ctx.deadline_ms) {
+        let mut lat: Vec<u64> = logs
+            .iter()
+            .flat_map(|l| &l.decisions)
+            .filter(|d| d.tier == Tier::Redis && d.t >= tl.fault_at && d.t + d.lat < tl.healed_at)
+            .map(|d| d.lat)
+            .collect();
+        lat.sort_unstable();
+        let round_trip = 2 * ms * 1_000;
+        let bound = format!(
+            "the latency fault applied: Redis' decisions take {} ms or more (median)",
+            2 * ms
+        );
+        match lat.get(lat.len() / 2) {
+            Some(&median) => checks.push(check(
+                bound,
+                median >= round_trip,
+                format!(
+                    "median {:.1} ms over {} decisions",
+                    median as f64 / 1e3,
+                    lat.len()
+                ),
+            )),
+            None => checks.push(check(bound, false, "no decision by Redis under the fault")),
+        }
+    }
+    if let Some(closed) = tl.killed_after_close {
+        checks.push(check(
+            "the app killed mid-drain closed after the heal before its kill",
+            closed,
+            if closed {
+                "it closed first"
+            } else {
+                "it never closed: killed after 5 s of waiting"
+            },
+        ));
+    }
+}
+
 /// The breaker across each return of Redis within the fault phase and the
 /// break after it (a second outage, a crash loop), where only the first
 /// break and the last return were judged: a breaker that never tripped again
@@ -1357,6 +1440,77 @@ mod tests {
             late.iter()
                 .any(|c| c.verdict == "FAIL" && c.bound.contains("after return 1")),
             "{late:?}"
+        );
+    }
+
+    /// An app that never decides on Redis after the heal fails the run, and
+    /// so does a latency fault whose decisions were not slowed by it.
+    #[test]
+    fn a_limiter_left_on_its_fallback_and_a_latency_never_applied_fail() {
+        let scenario = crate::scenario::all(2_500, 50)
+            .into_iter()
+            .find(|s| s.name == "latency-below-deadline")
+            .expect("the scenario");
+        let at = |t: u64, lat: u64, tier: Tier| Decision {
+            t,
+            lat,
+            tier,
+            ..decision(tier, true, false)
+        };
+        let judged = |decisions: Vec<Decision>| {
+            let ctx = Context {
+                scenario: &scenario,
+                driver: "test",
+                deadline_ms: 50,
+                max_cool_down_ms: 1_000,
+                keys: 1,
+                apps: 1,
+                timeline: Timeline {
+                    fault_at: 1_000_000,
+                    healed_at: 3_000_000,
+                    latency_ms: Some(12),
+                    ..Timeline::default()
+                },
+                in_flight: 4,
+                redis_counts: HashMap::new(),
+                victim_keys: HashSet::new(),
+            };
+            let logs = [AppLog {
+                decisions,
+                errors: Vec::new(),
+                states: Vec::new(),
+                last: Some([0; 6]),
+            }];
+            let mut checks = Vec::new();
+            judge_redis_again(&ctx, &logs, &mut checks);
+            checks
+        };
+        let slowed = vec![
+            at(1_500_000, 26_000, Tier::Redis),
+            at(3_500_000, 1_000, Tier::Redis),
+        ];
+        assert!(judged(slowed).iter().all(|c| c.verdict == "PASS"));
+        let unslowed = vec![
+            at(1_500_000, 1_000, Tier::Redis),
+            at(3_500_000, 1_000, Tier::Redis),
+        ];
+        let checks = judged(unslowed);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.verdict == "FAIL" && c.bound.contains("latency")),
+            "{checks:?}"
+        );
+        let stuck = vec![
+            at(1_500_000, 26_000, Tier::Redis),
+            at(3_500_000, 10, Tier::Local),
+        ];
+        let checks = judged(stuck);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.verdict == "FAIL" && c.bound.contains("Redis again")),
+            "{checks:?}"
         );
     }
 

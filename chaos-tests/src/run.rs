@@ -409,6 +409,7 @@ fn run_inner(
         filler.stop()?;
     }
     let healed_at = unix_us() - start_us;
+    let mut killed_after_close = None;
     if let Some(rb) = returns_between.last_mut().filter(|rb| rb.ended_at == 0) {
         rb.ended_at = healed_at;
     }
@@ -424,6 +425,7 @@ fn run_inner(
         {
             std::thread::sleep(Duration::from_millis(5));
         }
+        killed_after_close = Some(tail.closed_since(healed_at));
         driver.act(Action::KillApp(app))?;
         killed.push((current[app], unix_us() - start_us));
     }
@@ -476,6 +478,11 @@ fn run_inner(
             promoted_at: cluster.as_ref().and_then(|c| c.promoted_at),
             stalls,
             returns_between,
+            killed_after_close,
+            latency_ms: sc.fault.iter().find_map(|(_, a)| match a {
+                Action::Latency(ms) => Some(*ms),
+                _ => None,
+            }),
         },
         redis_counts,
         victim_keys: cluster.map(|c| c.victim_keys).unwrap_or_default(),
