@@ -404,7 +404,7 @@ impl HybridLimiterBuilder {
             #[cfg(feature = "config")]
             built_from: std::sync::OnceLock::new(),
             #[cfg(feature = "config")]
-            reloading: std::sync::Mutex::new(()),
+            in_force: std::sync::Mutex::new(None),
             labels,
         });
         // Calls whose checks their callers dropped reach the breaker too.
@@ -501,10 +501,11 @@ pub(crate) struct Inner {
     /// settings are the ones in force until a restart, whatever reloads come.
     #[cfg(feature = "config")]
     built_from: std::sync::OnceLock<crate::config::Config>,
-    /// One file reload at a time: its sets and its default policy go in
-    /// together (see `reload.rs`).
+    /// The config last put in force whole (at build or by a reload), and
+    /// one reload at a time: its sets and its default policy go in together
+    /// (see `reload.rs`).
     #[cfg(feature = "config")]
-    pub(crate) reloading: std::sync::Mutex<()>,
+    pub(crate) in_force: std::sync::Mutex<Option<crate::config::Config>>,
     pub(crate) labels: Labels,
 }
 
@@ -1166,6 +1167,10 @@ impl Inner {
     /// which of its settings need a restart.
     #[cfg(feature = "config")]
     pub(crate) fn set_built_from(&self, config: crate::config::Config) {
+        *self
+            .in_force
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(config.clone());
         let _ = self.built_from.set(config);
     }
 

@@ -81,13 +81,14 @@ impl Inner {
     pub(crate) fn reload(&self, config: &Config) -> Result<ReloadReport> {
         // Two at once (the watcher and a SIGHUP handler, say) could leave
         // one file's sets in force with the other's default policy.
-        let _one = self
-            .reloading
+        let mut in_force = self
+            .in_force
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut report = self.replace_rule_sets(resolved_sets(config))?;
         self.default_policy
             .set(config.default_policy().unwrap_or_default());
+        *in_force = Some(config.clone());
         report.needs_restart = self.restart_changes(config);
         if !report.needs_restart.is_empty() {
             tracing::warn!(
@@ -96,6 +97,17 @@ impl Inner {
             );
         }
         Ok(report)
+    }
+
+    /// Whether the file at `path` loads to the config in force.
+    #[cfg(feature = "watch")]
+    fn is_in_force(&self, path: &Path) -> bool {
+        let loaded = Config::load(path).ok();
+        let in_force = self
+            .in_force
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loaded.is_some() && *in_force == loaded
     }
 
     pub(crate) fn reload_file(&self, path: &Path) -> Result<ReloadReport, ConfigError> {
@@ -161,7 +173,10 @@ mod watch {
         /// file's directory is watched, not the file, so a file replaced by a
         /// rename (editors, Kubernetes config maps) is seen too; writes to
         /// other files there, and reads of any, wake nothing. A change that
-        /// leaves the file's bytes as they were reloads nothing. Each
+        /// leaves the file's bytes as they were reloads nothing. When the
+        /// watch starts, the file is reloaded at once unless it is the config
+        /// in force (the one the limiter was built from or last reloaded):
+        /// a change made before the watch began is not missed. Each
         /// reload is [`reload_file`](Self::reload_file): a file that does not
         /// load keeps the config in force, and is logged and counted, once
         /// until its bytes change.
@@ -198,8 +213,7 @@ mod watch {
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
                 .map_err(|e| cannot(&e))?;
-            let last = std::fs::read(&path).ok();
-            let task = handle.spawn(run(Arc::downgrade(self.inner()), path, debounce, rx, last));
+            let task = handle.spawn(run(Arc::downgrade(self.inner()), path, debounce, rx));
             Ok(ConfigWatch {
                 _watcher: watcher,
                 task,
@@ -231,8 +245,18 @@ mod watch {
         path: PathBuf,
         debounce: Duration,
         mut events: mpsc::UnboundedReceiver<()>,
-        mut last: Option<Vec<u8>>,
     ) {
+        // The file as it is now, against the config in force: a change made
+        // between loading the file and watching it is applied now, not at
+        // the file's next change (nor ever, were that never to come).
+        let mut last = std::fs::read(&path).ok();
+        match inner.upgrade() {
+            Some(inner) if last.is_some() && !inner.is_in_force(&path) => {
+                let _ = inner.reload_file(&path);
+            }
+            Some(_) => {}
+            None => return,
+        }
         while events.recv().await.is_some() {
             // Quiet for `debounce` before reading: one reload per burst of
             // writes, and one at the latest after `MAX_DEBOUNCES`.

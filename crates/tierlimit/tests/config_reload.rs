@@ -488,3 +488,24 @@ async fn a_busy_neighbour_does_not_hold_a_reload_back() {
         "a log written every 10 ms held the reload back for 5 s"
     );
 }
+
+/// A file changed between loading it and watching it is applied when the
+/// watch starts: the watcher took the file as it then was for the config in
+/// force, and applied the change only if the file changed again.
+#[cfg(feature = "watch")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_before_the_watch_is_applied_when_it_starts() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch-late");
+    write(&dir.file(), &file(&server.url(), "watch-late", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    write(&dir.file(), &file(&server.url(), "watch-late", "7/h", ""));
+    let _watch = limiter
+        .watch_config(dir.file(), Duration::from_millis(20))
+        .expect("watch the file's directory");
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter) == Some(7)).await,
+        "a change made before the watch was not applied within 10 s"
+    );
+    assert_eq!(reloads("watch-late", "applied"), 1);
+}
