@@ -52,9 +52,10 @@ pub struct LocalConfig {
     /// at least 4 MiB): the ledger and the buckets get 5/16 each, the denial
     /// cache, the warm-start map and the rule sets their keys hold (one copy
     /// per distinct set) 1/8 each: room for the largest set there is (16
-    /// rules over 64 stripes, about 330 KB) at the least. Each entry is charged its key's
-    /// bytes and its slot, so long keys hit this bound before the entry
-    /// bounds: a full map refuses new entries as it does at its entry bound.
+    /// rules over 64 stripes, about 330 KB) at the least. Each entry is
+    /// charged its key's bytes and its slot, so long keys hit this bound
+    /// before the entry bounds: a full map refuses new entries as it does at
+    /// its entry bound.
     /// What the process really takes stays within about this (the test
     /// `memory_is_bounded_by_bytes` measures it), plus the allocator's own
     /// slack.

@@ -965,10 +965,10 @@ impl HybridLimiter {
                 inner.reconciler.config.batch_size,
                 reconcile::hold_clock_us(inner),
             );
-            // A call is bounded by the deadline, not by what is left of the
-            // timeout: against a hung Redis one batch held a shutdown of
-            // 100 ms for a whole deadline. Cut short, its claims keep their
-            // ids, so whatever Redis applied of them is not applied twice.
+            // Cut at what is left of the timeout: a batch's call alone is
+            // bounded by the deadline, and against a hung Redis one held a
+            // shutdown for a whole deadline past its timeout. Cut short, its
+            // claims keep their ids: what Redis applied is not applied twice.
             let left = timeout.saturating_sub(started.elapsed());
             let failed = claims.is_empty()
                 || match tokio::time::timeout(left, reconcile::send_batch(inner, &claims)).await {
@@ -1164,7 +1164,8 @@ impl Inner {
     }
 
     /// Remembers the config the limiter was built from, to tell a reload
-    /// which of its settings need a restart.
+    /// which of its settings need a restart; it is also the config in force
+    /// until the first reload.
     #[cfg(feature = "config")]
     pub(crate) fn set_built_from(&self, config: crate::config::Config) {
         *self
