@@ -1203,9 +1203,10 @@ impl LocalTier {
         // Nothing owed anywhere: not while a move walks the buckets, which
         // took the mark before it reached this key's and the ledger may be
         // empty still (the key's call went out without its units). In this
-        // order: a walk that ended has filled the ledger.
-        if !self.walking.load(Ordering::SeqCst)
-            && !self.owing.load(Ordering::SeqCst)
+        // order: a mark found taken was taken by a walk still flagged, or
+        // by one that ended and filled the ledger.
+        if !self.owing.load(Ordering::SeqCst)
+            && !self.walking.load(Ordering::SeqCst)
             && self.ledger.is_empty()
         {
             return Vec::new();
@@ -1486,6 +1487,19 @@ impl LocalTier {
     /// Checks refused because the bucket map was full.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Drops from the [`ledger`](Self::ledger) what can no longer change any
+    /// decision, judged now, and returns how many units that was (see
+    /// [`Ledger::drop_expired`]). Measures the wall clock against the
+    /// monotonic one first: a wall clock stepped since the last prune put
+    /// `now` in another frame than the ledger's, and units just recorded on
+    /// the stepped clock were judged that far older.
+    pub fn drop_expired(&self) -> u64 {
+        let ledger = self.ledger();
+        let now = self.now();
+        self.sync_clocks(now);
+        ledger.drop_expired(now.unix_us)
     }
 
     /// The outage ledger, holding everything admitted locally that Redis has

@@ -811,3 +811,36 @@ fn an_ended_outages_seed_lasts_until_its_bucket_could_refill() {
         "{again} admitted an hour on, where about 10 refilled"
     );
 }
+
+/// The same when the units are judged before the next prune (the drain and
+/// shutdown do that): the ledger's frame was the last prune's, so units
+/// recorded on a wall clock stepped since were judged that far older, and
+/// an hour's step dropped a minute window's units admitted just before.
+#[test]
+fn units_judged_before_the_next_prune_after_a_step_are_kept() {
+    let clock = Arc::new(SteppingClock {
+        inner: FakeClock::default(),
+        step_us: AtomicI64::new(0),
+    });
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    // Two rules: the slow path, which stamps the wall clock it reads.
+    let set = RuleSet::new(
+        "api",
+        [
+            Rule::per_minute(60)
+                .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+                .expect("valid"),
+            Rule::per_hour(1_000).expect("valid"),
+        ],
+    )
+    .expect("valid");
+    clock.step_us.store(3_600_000_000, Ordering::Relaxed);
+    for _ in 0..5 {
+        assert!(allowed(local.check("k", &set, 1, 1, true)));
+    }
+    assert_eq!(
+        (local.drop_expired(), local.ledger().units()),
+        (0, 10),
+        "units admitted just now were dropped as expired"
+    );
+}

@@ -959,7 +959,7 @@ impl HybridLimiter {
         let mut report = ShutdownReport::default();
         let ledger = inner.local.ledger();
         let parked_before = ledger.parked_units();
-        report.expired_units = ledger.drop_expired(inner.clock.unix_micros());
+        report.expired_units = inner.local.drop_expired();
         while started.elapsed() < timeout && !ledger.is_empty() {
             let claims = ledger.claim(
                 inner.reconciler.config.batch_size,

@@ -304,7 +304,7 @@ async fn drain(inner: &Arc<Inner>) {
     let (mut units, mut batches) = (0u64, 0u64);
     // Rest owed to keep the duty cycle, paid in sleeps of at least MIN_REST.
     let mut owed = Duration::ZERO;
-    let expired = inner.local.ledger().drop_expired(inner.clock.unix_micros());
+    let expired = inner.local.drop_expired();
     loop {
         if inner.breaker.state() != BreakerState::Closed {
             tracing::warn!(

@@ -151,7 +151,7 @@ async fn pruner(inner: Weak<Inner>) {
         tokio::time::sleep(every).await;
         let Some(this) = inner.upgrade() else { return };
         this.local.prune();
-        this.local.ledger().drop_expired(this.clock.unix_micros());
+        this.local.drop_expired();
         publish_gauges(&this);
     }
 }
