@@ -646,18 +646,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
             };
             match opened {
                 Some(t) => {
-                    // The fault cannot have landed before Redis last answered
-                    // a check (it started after the check did): a `docker
-                    // kill` or `pause` lands 50-300 ms after it is asked for,
-                    // and the trip counts from when it surely landed. Still
-                    // never less than the true trip.
-                    let last_answer = all
-                        .iter()
-                        .filter(|(_, d)| d.tier == Tier::Redis && d.t >= tl.fault_at && d.t < t)
-                        .map(|(_, d)| d.t)
-                        .max()
-                        .unwrap_or(tl.fault_at);
-                    let trip = t - last_answer;
+                    let trip = trip_after(&all, tl.fault_at, t);
                     trip_ms = Some(trip_ms.unwrap_or(0.0).max(trip as f64 / 1e3));
                     let as_hang = sc.fast_trip && timed_out;
                     judged_as_hang |= as_hang;
@@ -1192,6 +1181,21 @@ fn judge_redis_again(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>
     }
 }
 
+/// How long (µs) a breaker seen Open at `opened` took to trip after a fault
+/// asked for at `fault_at`: counted from Redis' last answer to any check in
+/// between. The fault cannot have landed before that answer (a `docker kill`
+/// or `pause` lands 50-300 ms after it is asked for); never less than the
+/// true trip.
+fn trip_after(all: &[(usize, &Decision)], fault_at: u64, opened: u64) -> u64 {
+    let last_answer = all
+        .iter()
+        .filter(|(_, d)| d.tier == Tier::Redis && d.t >= fault_at && d.t < opened)
+        .map(|(_, d)| d.t)
+        .max()
+        .unwrap_or(fault_at);
+    opened - last_answer
+}
+
 /// The breaker across each return of Redis within the fault phase and the
 /// break after it (a second outage, a crash loop), where only the first
 /// break and the last return were judged: a breaker that never tripped again
@@ -1274,13 +1278,7 @@ fn judge_returns_between(
             );
             match opened {
                 Some(t) => {
-                    let last_answer = all
-                        .iter()
-                        .filter(|(_, d)| d.tier == Tier::Redis && d.t >= rb.broke_at && d.t < t)
-                        .map(|(_, d)| d.t)
-                        .max()
-                        .unwrap_or(rb.broke_at);
-                    let trip = t - last_answer;
+                    let trip = trip_after(all, rb.broke_at, t);
                     if trip > bound {
                         checks.push(check(name, false, format!("{:.1} ms", trip as f64 / 1e3)));
                     }
