@@ -17,7 +17,10 @@
 //! (that is always safe), and nothing widens them. So it is after nothing
 //! was heard for a TTL (an outage longer than it: Redis dropped every
 //! instance meanwhile, and the first back hear 1, 2...): the count in force
-//! stays until one is learned again.
+//! stays until one is learned again, and so it is after any gap in the
+//! beats (an outage shorter than the TTL): Redis may have come back empty
+//! near the end of it, and the counts heard before it would expire while the
+//! others are still on their way back.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -36,6 +39,8 @@ pub(crate) struct InstanceCount {
     ttl_us: u64,
     /// How long after the first count heard a count is believed.
     learn_after_us: u64,
+    /// A longer time between two counts heard is a gap in the beats.
+    gap_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -49,22 +54,30 @@ struct Heard {
 impl InstanceCount {
     /// A count that is known from the start and never changes by heartbeat.
     pub(crate) fn fixed(n: u64) -> Self {
-        Self::with(n, Duration::ZERO, Duration::ZERO)
+        Self::with(n, Duration::ZERO, Duration::ZERO, Duration::ZERO)
     }
 
-    /// A count learned from heartbeats, `assumed` until one answers
-    /// `learn_after` after the first (`None`: unknown).
-    pub(crate) fn learned(assumed: Option<u64>, ttl: Duration, learn_after: Duration) -> Self {
-        Self::with(assumed.unwrap_or(UNKNOWN), ttl, learn_after)
+    /// A count learned from heartbeats sent every `beat`, `assumed` until
+    /// one answers `learn_after` after the first (`None`: unknown), and
+    /// learned again that way after a gap in the beats.
+    pub(crate) fn learned(
+        assumed: Option<u64>,
+        ttl: Duration,
+        learn_after: Duration,
+        beat: Duration,
+    ) -> Self {
+        Self::with(assumed.unwrap_or(UNKNOWN), ttl, learn_after, beat)
     }
 
-    fn with(n: u64, ttl: Duration, learn_after: Duration) -> Self {
+    fn with(n: u64, ttl: Duration, learn_after: Duration, beat: Duration) -> Self {
         let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         InstanceCount {
             current: AtomicU64::new(n),
             heard: Mutex::new(Heard::default()),
             ttl_us: us(ttl),
             learn_after_us: us(learn_after),
+            // One beat missed, or late, is not yet a gap.
+            gap_us: us(beat).saturating_mul(2),
         }
     }
 
@@ -92,10 +105,15 @@ impl InstanceCount {
         while heard.counts.front().is_some_and(|&(at, _)| at < horizon) {
             heard.counts.pop_front();
         }
-        if heard.counts.is_empty() {
-            // Nothing heard within the TTL (an outage longer than it, say):
-            // Redis dropped every instance meanwhile, and the first beats
-            // after it see 1, 2... Learned again, as at the start.
+        // The back is the last count heard (the deque's order, below).
+        let last = heard.counts.back().map(|&(at, _)| at);
+        if last.is_none_or(|at| now_us.saturating_sub(at) > self.gap_us) {
+            // Nothing heard within the TTL (an outage longer than it), or a
+            // gap in the beats (a shorter one): Redis may have dropped every
+            // instance meanwhile, and the first beats after it see 1, 2...
+            // Learned again, as at the start: the count in force holds until
+            // every instance had the time to beat again, though what was
+            // heard before the gap expires sooner.
             heard.first_us = Some(now_us);
         }
         let first = heard.first_us.unwrap_or(now_us);
@@ -125,10 +143,12 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+    const BEAT: Duration = Duration::from_secs(1);
+    const TTL: Duration = Duration::from_secs(30);
 
     /// Learned from the first count heard.
     fn learned(assumed: Option<u64>) -> InstanceCount {
-        InstanceCount::learned(assumed, Duration::from_secs(30), Duration::ZERO)
+        InstanceCount::learned(assumed, Duration::from_secs(30), Duration::ZERO, BEAT)
     }
 
     // Regression: after Redis restarted empty, the heartbeat answered 1, then 2,
@@ -165,7 +185,8 @@ mod tests {
     // whole limit as its local share.
     #[test]
     fn the_first_count_is_believed_only_a_beat_later() {
-        let count = InstanceCount::learned(None, Duration::from_secs(30), Duration::from_secs(1));
+        let count =
+            InstanceCount::learned(None, Duration::from_secs(30), Duration::from_secs(1), BEAT);
         assert_eq!(
             count.heard(1, 0),
             UNKNOWN,
@@ -177,14 +198,28 @@ mod tests {
         assert_eq!(count.get(), Some(3));
         // Assumed: a larger count narrows the shares at once, a smaller one
         // waits its beat.
-        let count =
-            InstanceCount::learned(Some(2), Duration::from_secs(30), Duration::from_secs(1));
+        let count = InstanceCount::learned(
+            Some(2),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            BEAT,
+        );
         assert_eq!(count.heard(1, 0), 2);
         assert_eq!(count.heard(4, S / 2), 4);
-        let count =
-            InstanceCount::learned(Some(4), Duration::from_secs(30), Duration::from_secs(1));
+        let count = InstanceCount::learned(
+            Some(4),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            BEAT,
+        );
         assert_eq!(count.heard(1, 0), 4);
         assert_eq!(count.heard(2, S), 2, "learned: the largest within the TTL");
+    }
+
+    /// Beats once a second from `from` to `to` seconds (both included), each
+    /// hearing `n`; the count in force after the last.
+    fn each_second(count: &InstanceCount, n: u64, from: u64, to: u64) -> u64 {
+        (from..=to).fold(UNKNOWN, |_, s| count.heard(n, s * S))
     }
 
     // Regression: after an outage longer than the TTL every count heard had
@@ -193,15 +228,63 @@ mod tests {
     // the whole limit as its local share.
     #[test]
     fn after_nothing_was_heard_for_a_ttl_the_count_is_learned_again() {
-        let count = InstanceCount::learned(None, Duration::from_secs(30), Duration::from_secs(5));
-        assert_eq!(count.heard(10, 0), UNKNOWN);
-        assert_eq!(count.heard(10, 6 * S), 10);
+        let count = InstanceCount::learned(None, TTL, Duration::from_secs(5), BEAT);
+        assert_eq!(each_second(&count, 10, 0, 4), UNKNOWN);
+        assert_eq!(each_second(&count, 10, 5, 6), 10);
         // A 60 s outage; Redis comes back empty and this instance beats first.
         assert_eq!(count.heard(1, 66 * S), 10, "the others are on their way");
-        assert_eq!(count.heard(2, 68 * S), 10);
+        assert_eq!(each_second(&count, 2, 67, 70), 10);
         // Learned again a while after: the largest heard within the TTL.
-        assert_eq!(count.heard(3, 72 * S), 3);
+        assert_eq!(each_second(&count, 3, 71, 71), 3);
         assert_eq!(count.get(), Some(3));
+    }
+
+    // Regression: Redis restarted empty near the end of an outage shorter
+    // than the TTL. The first instance back heard 1, then 2, 3 while the
+    // others came back (up to the longest cool-down later); the 10 heard
+    // before the outage still counted, so nothing was learned again, and
+    // once it expired the largest count since the heal (3) was in force: a
+    // second outage then gave this instance a third of the limit, where a
+    // tenth was its share.
+    #[test]
+    fn after_a_gap_in_the_beats_the_count_is_learned_again() {
+        let count = InstanceCount::learned(None, TTL, Duration::from_secs(5), BEAT);
+        assert_eq!(each_second(&count, 10, 0, 7), 10);
+        // Out from 7 s to 35 s; Redis came back empty at 34 s.
+        assert_eq!(count.heard(1, 35 * S), 10);
+        assert_eq!(count.heard(2, 36 * S), 10);
+        // The 10 heard at 7 s has expired; the others are not all back.
+        assert_eq!(
+            count.heard(3, 37_100_000),
+            10,
+            "the others are on their way"
+        );
+        assert_eq!(each_second(&count, 7, 38, 39), 10);
+        // Learned again, 5 s after the first beat back: the largest since.
+        assert_eq!(count.heard(9, 40 * S), 9);
+    }
+
+    /// Beats a second apart, or with one missed, are no gap: a count falls
+    /// as the TTL says, without learning again.
+    #[test]
+    fn a_missed_beat_is_no_gap() {
+        let count =
+            InstanceCount::learned(None, Duration::from_secs(3), Duration::from_secs(5), BEAT);
+        assert_eq!(each_second(&count, 4, 0, 5), 4);
+        assert_eq!(count.heard(2, 7 * S), 4, "one beat missed: 4 heard 2 s ago");
+        assert_eq!(
+            count.heard(2, 9 * S),
+            2,
+            "the 4 expired; no gap, nothing to learn"
+        );
+        // A beat three seconds late is a gap: the count in force holds.
+        assert_eq!(count.heard(1, 12 * S), 2);
+        assert_eq!(each_second(&count, 1, 13, 16), 2);
+        assert_eq!(
+            count.heard(1, 17 * S),
+            1,
+            "learned again, 5 s after the gap"
+        );
     }
 
     #[test]

@@ -324,7 +324,7 @@ impl HybridLimiterBuilder {
             }
             Instances::Fixed(n) => InstanceCount::fixed(n),
             Instances::Learned { assume } => {
-                InstanceCount::learned(assume, self.instance_ttl, learn_after)
+                InstanceCount::learned(assume, self.instance_ttl, learn_after, self.heartbeat_every)
             }
         };
         in_range(
