@@ -149,7 +149,7 @@ if code == 1 or code == 2 then
       if code == 1 then
         gcra_store(key, now, new_rel, limit, ttl)
       else
-        token_bucket_store(key, new_rel * rate, ts, (ts - now) + ttl)
+        token_bucket_store(key, new_rel * rate, ts, (ts - now) + ttl, limit)
       end
     end
   end

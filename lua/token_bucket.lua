@@ -10,21 +10,26 @@
 --        this request), then when ok the state token_bucket_commit writes:
 --        used, ts and ttl_us.
 --
--- State: a hash {used, ts}: the units taken and not yet refilled at time ts
--- (µs since the Unix epoch); the tokens left are capacity - used. A missing
--- key is a full bucket (used = 0). Used units drain at limit / period per
--- microsecond; a request takes `cost` tokens. The key expires when the
--- bucket would be full again, so an idle key costs nothing. (A write-back,
--- reconcile.lua, may store `used` below zero: units that drained already,
--- kept for another instance's write-back to stack after; checks read 0.)
+-- State: a hash {used, ts, limit}: the units taken and not yet refilled at
+-- time ts (µs since the Unix epoch), and the limit they were written under;
+-- the tokens left are capacity - used. A missing key is a full bucket (used =
+-- 0). Used units drain at limit / period per microsecond; a request takes
+-- `cost` tokens. The key expires when the bucket would be full again, so an
+-- idle key costs nothing. (A write-back, reconcile.lua, may store `used`
+-- below zero: units that drained already, kept for another instance's
+-- write-back to stack after; checks read 0.)
 --
 -- The state counts used units rather than tokens so that a changed limit or
 -- burst keeps what was used: the same `used` read under a new capacity leaves
 -- capacity_new - used tokens (below zero when the burst was cut below what
--- is used: denied until enough has drained), draining at the new rate from
--- ts, the last write (unlike GCRA's TAT, which drains at the rate it was
--- written under until rewritten: `used` at ts names no rate). Neither limit
--- nor burst is part of the key, so nothing else is stored.
+-- is used: denied until enough has drained). Until an admitted check
+-- rewrites them under the new limit, the units drain at the limit they were
+-- written under, as GCRA's TAT does: the key's expiry was set by that rate,
+-- and units drained at a lowered one would outlive their key (10 used at
+-- 10/s expire in 1 s; drained at 1/s they were to deny for 9 s more, and
+-- the bucket came back full after 1). A denial's retry-after and
+-- reset-after say when that drain gets there. A state written without its
+-- limit (before it was stored) drains at the limit it is read under.
 -- What drains in more than MAX_REFILL_US (2^52 µs) is not kept, as for GCRA.
 --
 -- Units are doubles. Comparisons allow TB_SLACK tokens for their rounding
@@ -37,42 +42,49 @@
 
 local TB_SLACK = 1e-9
 
--- The units used at now (drained since ts) and the time draining counts from
--- (now, or a lagging writer's later ts). A missing key has used none. Shared
--- with reconcile.lua, which asks for what drained past empty too
--- (`below_zero`: a negative count, where a write-back stacks); a check never
--- sees one, lagging clock or not.
+-- The units used at now (drained since ts at the limit they were written
+-- under), the time draining counts from (now, or a lagging writer's later
+-- ts) and that limit. A missing key has used none. Shared with
+-- reconcile.lua, which asks for what drained past empty too (`below_zero`:
+-- a negative count, where a write-back stacks); a check never sees one,
+-- lagging clock or not.
 local function token_bucket_load(key, now, limit, period, below_zero)
-  local state = redis.call('HMGET', key, 'used', 'ts')
+  local state = redis.call('HMGET', key, 'used', 'ts', 'limit')
   local used, at = tonumber(state[1]), tonumber(state[2])
   if not (used and at) then
-    return 0, now
+    return 0, now, limit
   end
-  used = min(used, MAX_REFILL_US * limit / period)
+  local written = tonumber(state[3])
+  if not (written and written >= 1 and written <= MAX_EXACT) then
+    written = limit
+  end
+  used = min(used, MAX_REFILL_US * written / period)
   -- A client clock behind the last writer's (now <= at): no refill, keep
   -- its ts.
   if now > at then
     -- Multiply before dividing: elapsed * limit is exact below 2^53.
-    used, at = used - (now - at) * limit / period, now
+    used, at = used - (now - at) * written / period, now
   end
   if below_zero then
-    return used, at
+    return used, at, written
   end
-  return max(0, used), at
+  return max(0, used), at, written
 end
 
-local function token_bucket_store(key, used, ts, ttl_us)
-  redis.call('HSET', key, 'used', format('%.17g', used), 'ts', format('%d', ts))
+local function token_bucket_store(key, used, ts, ttl_us, limit)
+  redis.call('HSET', key, 'used', format('%.17g', used), 'ts', format('%d', ts),
+    'limit', format('%d', limit))
   pexpire_us(key, ttl_us)
 end
 
 local function token_bucket_check(key, now, cost, limit, period, capacity)
-  local used, ts = token_bucket_load(key, now, limit, period)
+  local used, ts, written = token_bucket_load(key, now, limit, period)
   local tokens = capacity - used
   -- ts > now only when a client clock lags the last writer's: refill starts
-  -- at ts, so every time until a refill counts the lag.
+  -- at ts, so every time until a refill counts the lag. Until rewritten the
+  -- units drain at the limit they were written under.
   local lag = ts - now
-  local reset_now = lag + max(0, ceil(used * period / limit - TB_SLACK))
+  local reset_now = lag + max(0, ceil(used * period / written - TB_SLACK))
   if tokens + TB_SLACK >= cost then
     -- Not clamped at capacity: a shortfall within the slack is paid back by
     -- the next refill.
@@ -81,10 +93,10 @@ local function token_bucket_check(key, now, cost, limit, period, capacity)
     local remaining = max(0, floor(tokens - cost + TB_SLACK))
     return true, remaining, reset, 0, reset_now, after, ts, reset
   end
-  local retry = lag + max(1, ceil((cost - tokens - TB_SLACK) * period / limit))
+  local retry = lag + max(1, ceil((cost - tokens - TB_SLACK) * period / written))
   return false, max(0, floor(tokens + TB_SLACK)), reset_now, retry, reset_now
 end
 
 local function token_bucket_commit(key, now, cost, nonce, rule, used, ts, ttl)
-  token_bucket_store(key, used, ts, ttl)
+  token_bucket_store(key, used, ts, ttl, rule[2])
 end

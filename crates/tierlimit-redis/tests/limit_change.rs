@@ -15,7 +15,7 @@ use tierlimit_core::{Algorithm, Clock, FakeClock, LedgerEntry, Rule, RuleSet};
 use tierlimit_redis::{RedisTier, WriteBack, Written};
 use tierlimit_test::RedisServer;
 
-use support::{ALGORITHMS, client_time_tier, rule, storage_key};
+use support::{ALGORITHMS, client_time_tier, rule, storage_key, tier};
 
 /// Half past some hour, 20 s into its minute: minute windows hold still.
 const NOW_US: u64 = 1_700_000_000_000_000 + 30 * 60_000_000;
@@ -101,17 +101,16 @@ async fn every_algorithm_keeps_the_units_used_when_the_limit_changes() {
 
 /// GCRA and the token bucket keep 80 units of 100/min used when lowered to
 /// 50/min (one unit per 1.2 s): the first unit fits once 31 have drained.
-/// The token bucket's `used` drains at the new rate from its last write:
-/// after 37.2 s. GCRA's arrival time drains at the rate it was written under
-/// until a request is admitted under the new one (a denial writes nothing):
-/// 31 units at the new T are 62 of the old, which drain in 18.6 s. Each
-/// denial's retry-after says exactly that.
+/// Both drain at the rate they were written under until a request is
+/// admitted under the new one (a denial writes nothing, and the key's expiry
+/// was set by that rate): 31 units at 100/min drain in 18.6 s. Each denial's
+/// retry-after says exactly that.
 #[tokio::test]
 async fn a_lowered_rate_keeps_the_usage_and_says_when_it_has_drained() {
     let (_server, clock, tier) = start();
     for (algorithm, wait) in [
         (Algorithm::Gcra, Duration::from_millis(18_600)),
-        (Algorithm::TokenBucket, Duration::from_millis(37_200)),
+        (Algorithm::TokenBucket, Duration::from_millis(18_600)),
     ] {
         let label = format!("{algorithm:?}");
         let old = set([rule(algorithm, 100, MINUTE)]);
@@ -271,4 +270,42 @@ async fn a_changed_algorithm_or_period_is_a_new_key() {
         ttl_ms > 0 && ttl_ms <= 60_000,
         "the old key expires by its TTL: {ttl_ms}"
     );
+}
+
+/// A lowered limit's denial is kept to on Redis' own clock, where keys
+/// expire: the key outlives the retry-after it answered, and a check before
+/// then is denied. Regression: the token bucket drained what was used at the
+/// lowered rate, but its key expired at the rate it was written under: 10
+/// used at 10/s, lowered to 1/s, answered "retry in 9 s" and its key expired
+/// after 1 s, when the bucket came back full.
+#[tokio::test]
+async fn a_lowered_limit_is_kept_until_the_retry_after_it_answered() {
+    let server = RedisServer::start();
+    let tier = tier(&server.url());
+    let mut conn = server.conn().await;
+    for algorithm in ALGORITHMS {
+        let label = format!("{algorithm:?}");
+        let old = set([rule(algorithm, 10, Duration::from_secs(1))]);
+        let lowered = set([rule(algorithm, 1, Duration::from_secs(1))]);
+        let key = format!("k-{label}");
+        assert!(allowed(&tier, &key, &old, 10).await, "{label}");
+        let v = tier.check(&key, &lowered, 1).await.expect("check");
+        assert!(!v.decision.allowed, "{label}: 10 used is above 1");
+        let retry = v.decision.retry_after.expect("a denial says when");
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(storage_key(&lowered, &key, 0))
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        // PTTL was read after the check: what passed since is its slack.
+        assert!(
+            u128::try_from(ttl_ms).unwrap_or(0) + 250 >= retry.as_millis(),
+            "{label}: the key expires in {ttl_ms} ms, its denial says retry in {retry:?}"
+        );
+        tokio::time::sleep(retry / 2).await;
+        assert!(
+            !allowed(&tier, &key, &lowered, 1).await,
+            "{label}: admitted halfway to the retry-after of {retry:?}"
+        );
+    }
 }
