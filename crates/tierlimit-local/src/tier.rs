@@ -564,9 +564,11 @@ pub struct LocalTier {
     outage: AtomicU64,
     /// The first ended outage whose buckets still bound their keys.
     settle_from: AtomicU64,
-    /// Until when (clock µs) the buckets of the outages from `settle_from`
-    /// to the current one still bound their keys; 0 once that has passed
-    /// (or before any outage ended).
+    /// Until when (monotonic clock µs: a wall clock stepped forward after a
+    /// heal ended the settling at once, and one stepped back held keys to
+    /// their buckets that much longer) the buckets of the outages from
+    /// `settle_from` to the current one still bound their keys; 0 once that
+    /// has passed (or before any outage ended).
     settle_until_us: AtomicU64,
     /// Serializes the writers of the two above.
     settle_lock: Mutex<()>,
@@ -722,7 +724,7 @@ impl LocalTier {
     /// for `settle` from now, or by those of the settle running now, if it
     /// began with an earlier outage, until the later of the two ends.
     fn settle(&self, from: u64, settle: Duration) {
-        let now = self.clock.unix_micros();
+        let now = self.mono_ns() / 1_000;
         let until = now.saturating_add(u64::try_from(settle.as_micros()).unwrap_or(u64::MAX));
         let _writer = self
             .settle_lock
@@ -738,9 +740,9 @@ impl LocalTier {
 
     /// While outages settle: the first of them (its buckets, and those of
     /// every outage after it but the current one, still bound their keys).
-    fn settling_from(&self, now_us: u64) -> Option<u64> {
+    fn settling_from(&self, now: Now) -> Option<u64> {
         let until = self.settle_until_us.load(Ordering::Acquire);
-        (now_us < until).then(|| self.settle_from.load(Ordering::Relaxed))
+        (now.mono_ns / 1_000 < until).then(|| self.settle_from.load(Ordering::Relaxed))
     }
 
     /// While the outages that just ended settle (see [`end_outage`](Self::end_outage)):
@@ -753,8 +755,8 @@ impl LocalTier {
         if until == 0 {
             return None;
         }
-        let unix_us = self.clock.unix_micros();
-        if unix_us >= until {
+        let mono_ns = self.mono_ns();
+        if mono_ns / 1_000 >= until {
             // Settled. Not if another outage ended meanwhile: it set its own.
             let _ = self.settle_until_us.compare_exchange(
                 until,
@@ -765,8 +767,8 @@ impl LocalTier {
             return None;
         }
         let now = Now {
-            mono_ns: self.mono_ns(),
-            unix_us,
+            mono_ns,
+            unix_us: self.clock.unix_micros(),
         };
         let from = self.settle_from.load(Ordering::Relaxed);
         let current = self.outage();
@@ -1015,7 +1017,7 @@ impl LocalTier {
         };
         if bucket.current(set, instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
-            if b.engine.is_some() && !self.superseded(key, b, now.unix_us) {
+            if b.engine.is_some() && !self.superseded(key, b, now) {
                 // Other limits, another instance count or a later outage, but
                 // still the latest word on the key: keep what was used.
                 b.carry_to(&engine, now);
@@ -1056,9 +1058,9 @@ impl LocalTier {
     /// stays the key's bound, in a next outage too. Started from that report,
     /// an instance that Redis failed again soon after it came back got a
     /// second share of what the others had already spent.
-    fn superseded(&self, key: &LocalKey, bucket: &Bucket, now_us: u64) -> bool {
+    fn superseded(&self, key: &LocalKey, bucket: &Bucket, now: Now) -> bool {
         if self
-            .settling_from(now_us)
+            .settling_from(now)
             .is_some_and(|from| bucket.outage >= from)
         {
             return false;
@@ -1430,7 +1432,7 @@ impl LocalTier {
         self.sync_clocks(now);
         // Kept: buckets of this outage and of the ones still settling.
         let outage = self.outage();
-        let kept_from = self.settling_from(now.unix_us).unwrap_or(outage);
+        let kept_from = self.settling_from(now).unwrap_or(outage);
         self.buckets.retain(|key, b| {
             let owes = b
                 .rules
@@ -1447,7 +1449,7 @@ impl LocalTier {
             }
             // A bucket whose seed finds no room in the warm map stays until
             // a later prune finds room or it is idle.
-            !(self.superseded(key, b, now.unix_us) || self.keep_as_seed(key, b, now))
+            !(self.superseded(key, b, now) || self.keep_as_seed(key, b, now))
         });
         self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);

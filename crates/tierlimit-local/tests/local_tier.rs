@@ -553,6 +553,44 @@ impl Clock for SteppingClock {
     }
 }
 
+/// An outage settles for its time on the monotonic clock, whatever the wall
+/// clock does meanwhile. Regression: the end was a wall-clock time, so a
+/// clock stepped forward right after a heal (NTP, a VM resumed) ended the
+/// settling at once, and the first instance back could take the key's whole
+/// Redis quota on top of what the fleet admitted locally; one stepped back
+/// an hour held the key to this instance's share for that hour more.
+#[test]
+fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
+    for step_us in [3_600_000_000, -3_600_000_000] {
+        let clock = Arc::new(SteppingClock {
+            inner: FakeClock::new(1_700_000_000_000_000),
+            step_us: AtomicI64::new(0),
+        });
+        let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
+        let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
+        let settle = Duration::from_secs(5);
+        assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
+        local.end_outage(local.outage(), settle);
+        clock.step_us.store(step_us, Ordering::Relaxed);
+        clock.inner.advance(Duration::from_secs(1));
+        assert!(
+            local.settling("k", &set, 1).is_some_and(|d| !d.allowed),
+            "stepped {step_us} µs: no longer bounded 1 s into a 5 s settle"
+        );
+        local.prune();
+        assert_eq!(
+            local.len(),
+            1,
+            "stepped {step_us} µs: pruned while settling"
+        );
+        clock.inner.advance(settle);
+        assert!(
+            local.settling("k", &set, 1).is_none(),
+            "stepped {step_us} µs: still bounded 6 s into a 5 s settle"
+        );
+    }
+}
+
 /// A window's counts stay when the wall clock steps back across its start:
 /// they were reset to none, so the key got the window before's limit again,
 /// and once the clock was back in the window, that limit a third time. (And
