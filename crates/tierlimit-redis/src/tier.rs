@@ -2028,6 +2028,14 @@ impl RedisTier {
                 }
             })
             .collect();
+        // What ran is kept before anything is loaded: a load that fails
+        // fails the call, and the replies of what ran must survive it.
+        let mut answers: Vec<Option<Value>> = answers.into_iter().map(Some).collect();
+        for (((i, _), reply), need) in sent.iter().zip(&mut answers).zip(&needs) {
+            if *need == Need::Nothing {
+                replies[*i] = reply.take();
+            }
+        }
         let library = if needs.iter().any(|n| matches!(n, Need::Library(_))) {
             self.load_library(conn, slot).await?
         } else {
@@ -2049,12 +2057,12 @@ impl RedisTier {
         }
         for (((i, cmd), reply), need) in sent.iter().zip(answers).zip(needs) {
             match need {
-                Need::Nothing => replies[*i] = Some(reply),
+                Need::Nothing => {}
                 Need::Library(_) if library => again.push((*i, (*cmd).clone())),
                 Need::Script(_) => again.push((*i, (*cmd).clone())),
                 Need::Library(_) | Need::AsScript(_) => match as_evalsha(cmd) {
                     Some(script) => again.push((*i, script)),
-                    None => replies[*i] = Some(reply),
+                    None => replies[*i] = reply,
                 },
             }
         }
@@ -2323,6 +2331,42 @@ mod tests {
             let v = parse_verdict(reply, &set).expect("verdict");
             assert_eq!(v.decision.remaining, 4, "{name} consumed exactly once");
         }
+    }
+
+    /// A check that ran keeps its verdict when the reload another command
+    /// of its pipeline needs fails. Regression: the replies of what ran were
+    /// stored after the load, so a load refused (or timed out) lost them,
+    /// and a check that had consumed its units on Redis came back as a
+    /// failed call, for the policy to decide (and count) again.
+    #[tokio::test]
+    async fn what_ran_keeps_its_reply_when_a_reload_fails() {
+        let server = RedisServer::start();
+        let tier = scripts_tier(&server).await;
+        let set = RuleSet::new("partial", [Rule::per_hour(5).expect("valid")]).expect("valid");
+        tier.check("warm", &set, 1).await.expect("loads the script");
+
+        let check = |key: &str| tier.check_cmd(key, &set, 1, 0).expect("valid check");
+        let mut flush = redis::cmd("SCRIPT");
+        flush.arg("FLUSH");
+        // The tier's own user may no longer load scripts: the reload fails.
+        let mut refuse = redis::cmd("ACL");
+        refuse.arg("SETUSER").arg("scripts").arg("-script|load");
+        let mut pipe = redis::pipe();
+        pipe.add_command(check("a"))
+            .add_command(flush)
+            .add_command(refuse)
+            .add_command(check("b"));
+        let mut replies = [None, None, None, None];
+        let conn = tier.connection(&tier.inner.conn).expect("connection");
+        let failed = tier
+            .pipeline_routines(conn, &pipe, &mut replies, None)
+            .await;
+        assert!(failed.is_err(), "the reload was refused: {failed:?}");
+        let [a, flushed, refused, b] = replies;
+        let v = parse_verdict(a.expect("a ran: its reply is kept"), &set).expect("verdict");
+        assert_eq!(v.decision.remaining, 4, "a consumed once");
+        assert!(flushed.is_some() && refused.is_some(), "they ran too");
+        assert!(b.is_none(), "b never ran: {b:?}");
     }
 
     /// The same with Functions: the library is flushed between two checks of
