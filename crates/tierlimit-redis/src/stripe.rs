@@ -207,18 +207,20 @@ struct Spill {
 impl RedisTier {
     /// The outcome of each write-back from the replies of its commands:
     /// one each when `parts` is `None` (nothing striped), else `parts[i]` for
-    /// write-back `i` (see [`settle_stripes`](Self::settle_stripes)).
+    /// write-back `i` (see [`settle_stripes`](Self::settle_stripes)), its
+    /// spills sent by `deadline`, the call's.
     pub(crate) async fn outcomes(
         &self,
         writes: &[WriteBack<'_>],
         parts: Parts,
         replies: impl IntoIterator<Item = Result<Value>>,
+        deadline: Instant,
     ) -> Vec<Result<Written>> {
         match parts {
             None => replies.into_iter().map(|r| r.and_then(written)).collect(),
             Some(parts) => {
                 let raw = written_parts(replies, &parts);
-                self.settle_stripes(writes, &parts, raw).await
+                self.settle_stripes(writes, &parts, raw, deadline).await
             }
         }
     }
@@ -236,13 +238,15 @@ impl RedisTier {
     /// A spill goes under an id of its own per round (`<id>.<round>`). A
     /// write-back re-sent after an unknown outcome finds its first round
     /// applied (nothing to measure) and spills nothing; a spill round that
-    /// fails is not retried. Both lose at most the refused units, never
-    /// count a unit twice.
+    /// fails, or is not answered by `deadline` (the call's: the spills are
+    /// part of it), is not retried. Both lose at most the refused units,
+    /// never count a unit twice.
     pub(crate) async fn settle_stripes(
         &self,
         writes: &[WriteBack<'_>],
         parts: &[Vec<Part>],
         raw: Vec<Vec<Result<Written>>>,
+        deadline: Instant,
     ) -> Vec<Result<Written>> {
         let mut spills = Vec::new();
         for (write, (sent, got)) in parts.iter().zip(&raw).enumerate() {
@@ -274,7 +278,7 @@ impl RedisTier {
         }
         let mut more = vec![0u64; raw.len()];
         if !spills.is_empty() {
-            self.spill(writes, spills, &mut more).await;
+            self.spill(writes, spills, &mut more, deadline).await;
         }
         raw.into_iter()
             .zip(more)
@@ -283,9 +287,15 @@ impl RedisTier {
     }
 
     /// Sends spills round by round until nothing is left, no stripe takes
-    /// more, or a round fails; adds what each write-back's spills applied to
-    /// `more`.
-    async fn spill(&self, writes: &[WriteBack<'_>], mut spills: Vec<Spill>, more: &mut [u64]) {
+    /// more, or a round fails or meets `deadline`; adds what each
+    /// write-back's spills applied to `more`.
+    async fn spill(
+        &self,
+        writes: &[WriteBack<'_>],
+        mut spills: Vec<Spill>,
+        more: &mut [u64],
+        deadline: Instant,
+    ) {
         let (now_arg, local_now_us) = (self.now_arg(), self.local_now_us());
         let head = self.head(Routine::Reconcile);
         let mut round = 1;
@@ -311,10 +321,15 @@ impl RedisTier {
                 }
                 sent.push(parts);
             }
-            let replies = match self.send_writebacks(cmds).await.result {
-                Ok(replies) => replies,
-                Err(e) => {
+            let sent_by = tokio::time::timeout_at(deadline, self.send_writebacks(cmds)).await;
+            let replies = match sent_by.map(|sent| sent.result) {
+                Ok(Ok(replies)) => replies,
+                Ok(Err(e)) => {
                     tracing::debug!(error = %e, "spilling a striped write-back failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("spilling a striped write-back met the call's deadline");
                     return;
                 }
             };

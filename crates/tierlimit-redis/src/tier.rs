@@ -779,9 +779,10 @@ impl RedisTier {
                 counts_call: false,
             };
         }
+        let deadline = tokio::time::Instant::now() + self.inner.deadline;
         let sent = self.send_writebacks(cmds).await;
         let result = match sent.result {
-            Ok(replies) => Ok(self.outcomes(writes, parts, replies).await),
+            Ok(replies) => Ok(self.outcomes(writes, parts, replies, deadline).await),
             Err(e) => Err(e),
         };
         Checked {
@@ -1006,7 +1007,7 @@ impl RedisTier {
             };
             let replies = replies.into_iter().map(|r| r.ok_or_else(timeout));
             // A striped write-back's spills are round trips of their own.
-            let written = self.outcomes(writes, parts, replies).await;
+            let written = self.outcomes(writes, parts, replies, deadline).await;
             Ok((check, written))
         };
         let (check, written) = match tokio::time::timeout_at(deadline, first).await {

@@ -12,8 +12,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use tierlimit_core::{Error, RedisFailure, Rule, RuleSet};
-use tierlimit_redis::{CheckRequest, RedisTier, TimeSource};
+use tierlimit_core::{Error, LedgerEntry, RedisFailure, Rule, RuleSet};
+use tierlimit_redis::{CheckRequest, RedisTier, TimeSource, WriteBack, Written};
 use tierlimit_test::{Fault, FaultProxy, RedisServer, judged};
 
 use support::{set, tier_with};
@@ -172,19 +172,18 @@ async fn replace_connection_recovers_a_dead_socket() {
     }
 }
 
-/// A check that carries write-backs answers within its deadline too when a
-/// striped write-back spills what a full stripe refused: the spill's round
-/// trip came on top of the pipeline's, under a deadline of its own, and the
-/// check answered after both. Here each round trip takes at least 40 ms of
-/// a 50 ms deadline (the proxy holds each direction 20 ms), so the check,
-/// whose stripe 0 is full, cannot finish in time: it must time out at its
-/// deadline, not answer at 80 ms or more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
-    let _serial = tierlimit_test::serial().await;
+/// Each round trip through the proxy of [`spilling_write_back`]: 60 ms each
+/// way, of a 200 ms deadline.
+const SPILL_DEADLINE: Duration = Duration::from_millis(200);
+
+/// A tier behind a proxy holding each direction 60 ms, and a write-back of
+/// 40 units over 4 stripes of 100 per hour, whose stripe 0 is full at its
+/// share (25): it refuses its 10, which spill over the other three in a
+/// round trip of their own.
+async fn spilling_write_back() -> (RedisServer, FaultProxy, RedisTier, RuleSet, LedgerEntry) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.addr()).await;
-    let tier = fast_tier(&proxy.url());
+    let tier = tier_with(&proxy.url(), SPILL_DEADLINE, TimeSource::Server);
     let whole = Rule::per_hour(100)
         .expect("valid")
         .with_algorithm(tierlimit_core::Algorithm::FixedWindow)
@@ -192,7 +191,6 @@ async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
     let set = set("spill", [whole.clone()])
         .with_stripes(4)
         .expect("4 stripes fit");
-    // Stripe 0 (the key itself) full at its share, 25.
     let stripe0 = set.stripe(0).expect("stripe 0");
     for _ in 0..25 {
         let v = tier.check("hot", stripe0, 1).await.expect("healthy check");
@@ -201,19 +199,72 @@ async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
-    // 40 units, 10 per stripe: stripe 0 refuses its 10, which spill.
-    let entry =
-        tierlimit_core::LedgerEntry::new(support::storage_key(&set, "hot", 0), whole, 40, now, now)
-            .with_stripes(4);
-    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(20))));
-    times_out(
-        "a check after a spilling write-back",
-        tier.check_after(
-            "hot",
-            &set,
-            1,
-            &[tierlimit_redis::WriteBack::new("wb", &entry)],
-        ),
+    let entry = LedgerEntry::new(
+        support::storage_key(&set, "hot", 0),
+        whole.clone(),
+        40,
+        now,
+        now,
+    )
+    .with_stripes(4);
+    // Both calls' connections made and their routines loaded beforehand.
+    let warm = LedgerEntry::new(support::storage_key(&set, "warm", 0), whole, 1, now, now);
+    let warming = [WriteBack::new("warm", &warm)];
+    tier.reconcile(&warming).await.expect("healthy write-back");
+    tier.check_after("warm", &set, 1, &warming)
+        .await
+        .expect("healthy check");
+    tokio::task::block_in_place(|| proxy.set(Fault::Latency(Duration::from_millis(60))));
+    (server, proxy, tier, set, entry)
+}
+
+/// What a spilling write-back's call answered: within the deadline, the
+/// first round's outcome (the three stripes with room took their 10 each),
+/// the spill cut at the deadline.
+fn assert_spill_cut(
+    what: &str,
+    written: &[Result<Written, Error>],
+    took: Result<Duration, String>,
+) {
+    took.unwrap_or_else(|why| panic!("{what}: {why}"));
+    assert!(
+        matches!(written, [Ok(Written::Applied(30))]),
+        "{what}: the first round's outcome stands, the spill was cut: {written:?}"
+    );
+}
+
+/// A check that carries write-backs answers within its deadline too when a
+/// striped write-back spills what a full stripe refused. Regression: the
+/// spill's round trip came on top of the pipeline's, under a deadline of its
+/// own, and the check answered after both. Each round trip takes 120 ms of
+/// a 200 ms deadline: the pipeline is answered, the spill cut at the
+/// deadline, and the check's verdict stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
+    let _serial = tierlimit_test::serial().await;
+    let (_server, _proxy, tier, set, entry) = spilling_write_back().await;
+    let (result, took) = judged(
+        tier.check_after("hot", &set, 1, &[WriteBack::new("wb", &entry)]),
+        SPILL_DEADLINE + SLACK,
     )
     .await;
+    let (verdict, written) = result.expect("the pipeline was answered");
+    assert!(verdict.decision.allowed, "{verdict:?}");
+    assert_spill_cut("a check after a spilling write-back", &written, took);
+}
+
+/// The same for a write-back sent alone: its spill rounds are part of the
+/// call. Regression: each round had a deadline of its own, so a write-back
+/// over 64 stripes could take 63 deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_whose_stripe_spills_keeps_its_deadline() {
+    let _serial = tierlimit_test::serial().await;
+    let (_server, _proxy, tier, _set, entry) = spilling_write_back().await;
+    let (result, took) = judged(
+        tier.reconcile(&[WriteBack::new("wb", &entry)]),
+        SPILL_DEADLINE + SLACK,
+    )
+    .await;
+    let written = result.expect("the first round was answered");
+    assert_spill_cut("a spilling write-back", &written, took);
 }
