@@ -1256,7 +1256,9 @@ impl RedisTier {
     /// the fault is the node's (no answer, refused, lost, or the cluster
     /// moving the slot), it counts against that master (see `nodes.rs`: a
     /// few in a row mark it down for [`NODE_DOWN_FOR`], and its connection
-    /// is dropped) and the slot map is read again.
+    /// is dropped) and the slot map is read again. Any other error reply
+    /// (`WRONGTYPE`, `-OOM`, `BUSY`) is the master's answer, as a success
+    /// is: its failures in a row start again.
     fn node_failed(&self, conn: &ArcSwapOption<Conn>, master: &Master, failure: &Failure) {
         if matches!(
             failure.kind(),
@@ -1273,6 +1275,8 @@ impl RedisTier {
                 conn.forget(addr);
             }
             self.refresh_slots();
+        } else if matches!(failure, Failure::Redis(e) if e.code().is_some()) {
+            self.inner.nodes.succeeded(master);
         }
     }
 

@@ -950,3 +950,63 @@ async fn a_least_privilege_acl_user_checks_on_every_master() {
         }
     }
 }
+
+/// An error reply (here `WRONGTYPE`) is an answer: the master is there. It
+/// speaks for the deployment to a circuit breaker, as a batch's does, and
+/// its failures in a row start again. Regression: a lone call's error reply
+/// neither reset its master's streak nor counted as an answer, so a master
+/// that had timed out once was "failing alone" through every answer after,
+/// and two more timeouts, however far apart, marked it down.
+#[tokio::test]
+async fn an_error_reply_is_an_answer_of_its_master() {
+    let _serial = tierlimit_test::serial().await;
+    let cluster = RedisCluster::start();
+    let deadline = Duration::from_millis(50);
+    let tier = RedisTier::new(RedisTierConfig::new(cluster.cluster_url()).deadline(deadline))
+        .expect("valid");
+    let s = set("answers", [Rule::per_second(1_000_000).expect("valid")]);
+    let by_master = keys_on_every_master(&cluster, &s, "answers", 2);
+    let (&victim, keys) = by_master.iter().next().expect("a master");
+    let (wrong, timed) = (keys[0].clone(), keys[1].clone());
+    for key in by_master.values().flatten() {
+        tier.check(key, &s, 1).await.expect("warm");
+    }
+    // GCRA reads its key with GET: a hash there is a WRONGTYPE reply.
+    let node = cluster.nodes()[victim].addr().to_string();
+    let mut hset = redis::cmd("HSET");
+    hset.arg(storage_key(&s, &wrong, 0)).arg("f").arg("v");
+    let _: i64 = query_node(&node, &hset).expect("HSET");
+    let times_out = || async {
+        cluster.nodes()[victim].pause();
+        let checked = tier
+            .check_key(&CheckKey::new(&timed).expect("valid"), &s, 1)
+            .await;
+        cluster.nodes()[victim].resume();
+        let failure = checked.result.expect_err("a paused master").redis_failure();
+        assert_eq!(failure, Some(RedisFailure::Timeout));
+    };
+    times_out().await;
+    let checked = tier
+        .check_key(&CheckKey::new(&wrong).expect("valid"), &s, 1)
+        .await;
+    let failure = checked
+        .result
+        .expect_err("a hash where GCRA reads a string");
+    assert_eq!(failure.redis_failure(), Some(RedisFailure::WrongType));
+    assert!(
+        checked.counts_call,
+        "an error reply speaks for the deployment"
+    );
+    // The streak started again at the answer: two timeouts do not mark the
+    // master down (three in a row do).
+    times_out().await;
+    times_out().await;
+    let checked = tier
+        .check_key(&CheckKey::new(&timed).expect("valid"), &s, 1)
+        .await;
+    assert!(
+        checked.result.is_ok(),
+        "the master was marked down: {:?}",
+        checked.result
+    );
+}
