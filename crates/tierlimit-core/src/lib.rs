@@ -42,5 +42,5 @@ pub use ledger_entry::{
 pub use policy::Policy;
 pub use rule::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_REFILL_US, MAX_SLIDING_LOG_LIMIT, Rule};
 pub use rule_set::{MAX_RULES, RuleSet};
-pub use rule_spec::{parse_duration, parse_utc_offset};
+pub use rule_spec::{parse_duration, parse_rule_as, parse_utc_offset};
 pub use stripe::{MAX_STRIPES, stripe_key, stripe_share, stripe_storage_key};

@@ -181,22 +181,45 @@ impl Rule {
     /// `limit` per natural (calendar) hour at the given UTC offset in seconds:
     /// a fixed window that resets when the local clock reaches `hh:00`.
     pub fn per_natural_hour(limit: u64, utc_offset_secs: i64) -> Result<Rule> {
-        Rule::per_hour(limit)?
-            .with_algorithm(Algorithm::FixedWindow)?
+        Rule::new(limit, Duration::from_secs(3600), Algorithm::FixedWindow)?
             .with_utc_offset(utc_offset_secs)
     }
 
     /// `limit` per natural (calendar) day at the given UTC offset in seconds:
     /// a fixed window that resets at local midnight.
     pub fn per_natural_day(limit: u64, utc_offset_secs: i64) -> Result<Rule> {
-        Rule::per_day(limit)?
-            .with_algorithm(Algorithm::FixedWindow)?
+        Rule::new(limit, Duration::from_secs(86_400), Algorithm::FixedWindow)?
             .with_utc_offset(utc_offset_secs)
     }
 
     /// `limit` per `period`, with the default algorithm (GCRA) and a burst equal to
     /// the limit.
     pub fn with_period(limit: u64, period: Duration) -> Result<Rule> {
+        Rule::new(limit, period, Algorithm::Gcra)
+    }
+
+    /// `limit` per `period` checked by `algorithm`, with a burst equal to the
+    /// limit where it has one.
+    ///
+    /// Validated for that algorithm from the start: a window may count more
+    /// than one unit per microsecond of its period (100 billion bytes a day,
+    /// say), which GCRA and the token bucket refuse ([`Error::RateTooFine`]),
+    /// so `Rule::per_day(n)?.with_algorithm(..)` cannot reach such a window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tierlimit_core::{Algorithm, Error, Rule};
+    ///
+    /// let day = Duration::from_secs(86_400);
+    /// let bytes = Rule::new(100_000_000_000, day, Algorithm::FixedWindow)?;
+    /// assert_eq!(bytes.limit(), 100_000_000_000);
+    /// assert!(matches!(
+    ///     Rule::new(100_000_000_000, day, Algorithm::Gcra),
+    ///     Err(Error::RateTooFine { .. })
+    /// ));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn new(limit: u64, period: Duration, algorithm: Algorithm) -> Result<Rule> {
         if limit == 0 {
             return Err(Error::ZeroLimit);
         }
@@ -219,7 +242,7 @@ impl Rule {
         Rule {
             limit,
             period_us,
-            algorithm: Algorithm::Gcra,
+            algorithm,
             burst: None,
             utc_offset_s: 0,
             calendar: false,

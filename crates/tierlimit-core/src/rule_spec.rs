@@ -93,8 +93,34 @@ impl FromStr for Rule {
     /// # Ok::<(), Error>(())
     /// ```
     fn from_str(text: &str) -> Result<Rule> {
-        parse_rule(text)
+        parse_rule(text, None)
     }
+}
+
+/// Parses `text` as [`Rule::from_str`] does, checked by `algorithm` from the
+/// start (`None`: GCRA, or the fixed window for a calendar `@offset`), as
+/// [`Rule::new`] makes it: a window may count more than one unit per
+/// microsecond, which GCRA refuses, so parsing as GCRA first and changing
+/// the algorithm after cannot reach it. (The config file's table form
+/// names the algorithm beside the rate.)
+///
+/// # Errors
+///
+/// As [`Rule::from_str`]; an `@offset` with an algorithm other than the
+/// fixed window is [`Error::CalendarNeedsFixedWindow`].
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Algorithm, Error, Rule, parse_rule_as};
+///
+/// let bytes = parse_rule_as("100000000000/day", Some(Algorithm::SlidingWindow))?;
+/// assert_eq!(bytes.algorithm(), Algorithm::SlidingWindow);
+/// assert!(matches!("100000000000/day".parse::<Rule>(), Err(Error::RateTooFine { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+pub fn parse_rule_as(text: &str, algorithm: Option<Algorithm>) -> Result<Rule> {
+    parse_rule(text, algorithm)
 }
 
 /// Parses a duration: digits followed by a unit, `"250us"`, `"50ms"`, `"2s"`,
@@ -175,7 +201,7 @@ fn unit_micros(unit: &str) -> std::result::Result<u64, String> {
     })
 }
 
-fn parse_rule(text: &str) -> Result<Rule> {
+fn parse_rule(text: &str, algorithm: Option<Algorithm>) -> Result<Rule> {
     let fail = |reason: String| Error::InvalidRuleSpec {
         spec: text.to_owned(),
         reason,
@@ -202,9 +228,9 @@ fn parse_rule(text: &str) -> Result<Rule> {
     };
     let limit = parse_limit(limit).map_err(fail)?;
     let period_us = parse_period(period).map_err(fail)?;
-    let rule = Rule::with_period(limit, Duration::from_micros(period_us))?;
+    let length = Duration::from_micros(period_us);
     let Some(offset) = offset else {
-        return Ok(rule);
+        return Rule::new(limit, length, algorithm.unwrap_or(Algorithm::Gcra));
     };
     let offset_s = parse_offset(offset).map_err(fail)?;
     if !DAY_US.is_multiple_of(period_us) {
@@ -213,8 +239,7 @@ fn parse_rule(text: &str) -> Result<Rule> {
              (like 15m, 1h, 6h or 1d), so its windows start at local midnight; got {period:?}"
         )));
     }
-    rule.with_algorithm(Algorithm::FixedWindow)?
-        .with_utc_offset(offset_s)
+    Rule::new(limit, length, algorithm.unwrap_or(Algorithm::FixedWindow))?.with_utc_offset(offset_s)
 }
 
 fn parse_limit(limit: &str) -> std::result::Result<u64, String> {

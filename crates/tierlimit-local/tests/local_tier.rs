@@ -882,3 +882,26 @@ fn units_judged_before_the_next_prune_after_a_step_are_kept() {
         "units admitted just now were dropped as expired"
     );
 }
+
+/// A window of more than one unit per microsecond of its period (100
+/// billion a day, see `Rule::new`) is counted locally too: each of 4
+/// instances admits its share, a quarter, and not a unit more.
+#[test]
+fn a_window_of_more_than_one_unit_per_microsecond_is_counted_by_its_share() {
+    let (local, _) = tier(LocalConfig::default());
+    let day = Duration::from_secs(86_400);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let rule = Rule::new(100_000_000_000, day, algorithm).expect("valid");
+        let set = RuleSet::new(format!("{algorithm:?}"), [rule]).expect("valid");
+        let share = 25_000_000_000;
+        assert!(
+            allowed(local.check("k", &set, share - 1, 4, true)),
+            "{algorithm:?}"
+        );
+        assert!(allowed(local.check("k", &set, 1, 4, true)), "{algorithm:?}");
+        assert!(
+            !allowed(local.check("k", &set, 1, 4, true)),
+            "{algorithm:?}"
+        );
+    }
+}

@@ -216,6 +216,52 @@ fn rate_finer_than_one_per_microsecond() {
     ));
 }
 
+/// A window counts units, not their spacing: one may hold more than one
+/// unit per microsecond of its period (100 billion bytes a day), where GCRA
+/// and the token bucket cannot. Regression: every rule was first made as
+/// GCRA and then given its algorithm, so each such window was refused with
+/// `RateTooFine`, and so were the config file's and the rule texts'.
+#[tokio::test]
+async fn a_window_may_count_more_than_one_unit_per_microsecond() {
+    let server = tierlimit_test::RedisServer::start();
+    let tier = support::tier(&server.url());
+    let day = Duration::from_secs(86_400);
+    let limit = 100_000_000_000;
+    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+        let r = Rule::new(limit, day, algorithm).expect("a window of 1e11 per day");
+        let s = set("bytes", [r]);
+        let key = format!("{algorithm:?}");
+        let v = tier.check(&key, &s, limit - 1).await.expect("checked");
+        assert!(v.decision.allowed, "{algorithm:?}: {v:?}");
+        assert_eq!(v.decision.remaining, 1, "{algorithm:?}");
+        assert!(
+            !tier
+                .check(&key, &s, 2)
+                .await
+                .expect("checked")
+                .decision
+                .allowed
+        );
+    }
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        assert!(
+            matches!(
+                Rule::new(limit, day, algorithm),
+                Err(Error::RateTooFine { .. })
+            ),
+            "{algorithm:?}"
+        );
+    }
+    let calendar: Rule = "100000000000/day@UTC".parse().expect("a calendar window");
+    assert_eq!(calendar, Rule::per_natural_day(limit, 0).expect("valid"));
+    let sliding = tierlimit_core::parse_rule_as("100000000000/day", Some(Algorithm::SlidingWindow))
+        .expect("a sliding window");
+    assert_eq!(
+        sliding,
+        Rule::new(limit, day, Algorithm::SlidingWindow).expect("valid")
+    );
+}
+
 #[test]
 fn utc_offset_on_other_algorithms() {
     for algorithm in [

@@ -123,7 +123,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tierlimit_core::{
-    Algorithm, Error, MAX_RULES, Policy, Rule, RuleSet, parse_duration, parse_utc_offset,
+    Algorithm, Error, MAX_RULES, Policy, Rule, RuleSet, parse_duration, parse_rule_as,
+    parse_utc_offset,
 };
 use tierlimit_local::LocalConfig;
 use tierlimit_redis::{RedisTier, RedisTierConfig, redact_url};
@@ -1675,16 +1676,17 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
     let base = match (f.get("rate"), f.get("limit"), f.get("per")) {
         (Some(rate), None, None) => {
             let text = w.string(&f.path("rate"), rate)?;
-            match text.parse::<Rule>() {
+            // Made by its algorithm from the start: a window may count more
+            // than one unit per µs, which the default (GCRA) refuses.
+            match parse_rule_as(text, algorithm.or(offset.map(|_| Algorithm::FixedWindow))) {
                 Ok(r) => Some(r),
                 Err(e @ Error::InvalidRuleSpec { .. }) => {
                     w.report(&f.path("rate"), Some(rate.span()), reason_of(&e));
                     None
                 }
-                Err(e) => {
-                    w.report(&f.path("rate"), Some(rate.span()), format!("{text:?}: {e}"));
-                    None
-                }
+                // A constructor's error, at the field it is about (a calendar
+                // rate with another algorithm: at `algorithm`).
+                Err(e) => step(w, &f, path, v, "rate", Err(e)),
             }
         }
         (Some(rate), _, _) => {
@@ -1719,7 +1721,10 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
                 }
             };
             let (limit, per) = (limit?, per?);
-            step(w, &f, path, v, "per", Rule::with_period(limit, per))
+            let algorithm = algorithm
+                .or(offset.map(|_| Algorithm::FixedWindow))
+                .unwrap_or(Algorithm::Gcra);
+            step(w, &f, path, v, "per", Rule::new(limit, per, algorithm))
         }
     };
     let mut rule = base?;

@@ -1400,3 +1400,34 @@ fn bad_stripes_are_refused_with_path_and_line() {
         "its capacity of 5",
     );
 }
+
+/// A window rule may count more than one unit per microsecond, in either of
+/// the table's forms: it is made by its algorithm from the start. (GCRA, the
+/// default, refuses such a rate: at the limit.)
+#[test]
+fn a_window_finer_than_a_microsecond_loads() {
+    for (rule, algorithm) in [
+        (
+            r#"{ rate = "2000000/s", algorithm = "sliding-window" }"#,
+            Algorithm::SlidingWindow,
+        ),
+        (
+            r#"{ limit = 2000000, per = "1s", algorithm = "fixed-window" }"#,
+            Algorithm::FixedWindow,
+        ),
+        (
+            r#"{ rate = "100000000000/day@+08:00" }"#,
+            Algorithm::FixedWindow,
+        ),
+    ] {
+        let text = format!("[redis]\nurl = \"{URL}\"\n[rule_sets.a]\nrules = [{rule}]\n");
+        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{rule}: {e}"));
+        let set = config.rule_set("a").expect("the set");
+        assert_eq!(set.rules()[0].algorithm(), algorithm, "{rule}");
+    }
+    refused(
+        &format!("[redis]\nurl = \"{URL}\"\n[rule_sets.a]\nrules = [{{ rate = \"2000000/s\" }}]\n"),
+        "rule_sets.a.rules[0].rate",
+        "finer",
+    );
+}
