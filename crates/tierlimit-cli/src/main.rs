@@ -132,19 +132,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let load = matches!(cli.command, Command::Load(_));
     let outcome = runtime.block_on(async move {
         let work = async move {
             match cli.command {
                 Command::Demo(args) => demo::run(args).await.map(|()| ExitCode::SUCCESS),
                 Command::Check(args) => check::run(args).await,
-                // The load handles Ctrl-C itself: it stops and still reports.
                 Command::Load(args) => load::run(args, interrupted()).await,
                 Command::Config(args) => config_cmd::run(args),
             }
         };
+        // The load handles Ctrl-C itself: it stops, shuts its limiter down
+        // and still reports. Raced against a listener of its own here, the
+        // signal woke both, and this one dropped the load (and its report)
+        // while it waited for its last checks; a second Ctrl-C stops it.
+        let signals = if load { 2 } else { 1 };
         tokio::select! {
             result = work => Some(result),
-            () = interrupted() => None,
+            () = interrupted_times(signals) => None,
         }
     });
     // Whatever `work` started (a redis-server child, listeners) was dropped
@@ -160,6 +165,13 @@ fn main() -> ExitCode {
             eprintln!("interrupted: stopped what this run started");
             ExitCode::from(INTERRUPTED)
         }
+    }
+}
+
+/// Resolves on the `n`th Ctrl-C (SIGINT) or SIGTERM from now.
+async fn interrupted_times(n: u32) {
+    for _ in 0..n {
+        interrupted().await;
     }
 }
 

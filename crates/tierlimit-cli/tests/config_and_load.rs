@@ -5,6 +5,7 @@
 mod support;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::Value;
 use support::tierlimit;
@@ -187,5 +188,38 @@ fn load_refuses_a_bad_config_and_an_unknown_set() {
     assert!(
         stderr.contains("no rule set `nope` (it has: api)"),
         "{stderr}"
+    );
+}
+
+/// Ctrl-C stops a load early and it still reports, as its help says.
+/// Regression: `main` raced the load against a Ctrl-C listener of its own;
+/// the signal woke both, and that one dropped the load, report and all,
+/// while it waited for its last checks: exit 130 and nothing on stdout.
+#[test]
+fn ctrl_c_stops_a_load_which_still_reports() {
+    let server = RedisServer::start();
+    let file = TempFile::new(
+        "interrupted.toml",
+        "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[limiter]\ninstances = 1\n[rule_sets.api]\nrules = [\"50/s\"]\n",
+    );
+    let mut load = tierlimit();
+    load.args(["load", "--redis", &server.url(), "--config", file.path()])
+        .args(["--duration", "60s", "--concurrency", "4", "--keys", "1"]);
+    let mut run = support::Running::start(load);
+    // Once it has run a second (its first progress line).
+    run.stderr_until(Duration::from_secs(30), |l| l.contains("checks ("));
+    run.signal("INT");
+    let code = run.wait(Duration::from_secs(20));
+    let (stdout, stderr) = (run.rest_of_stdout(), run.rest_of_stderr());
+    assert_eq!(code, Some(0), "stdout: {stdout:?} stderr: {stderr:?}");
+    assert!(
+        stdout.iter().any(|l| l.contains("checks in")),
+        "no report: {stdout:?}"
+    );
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("interrupted: stopped early")),
+        "{stderr:?}"
     );
 }
