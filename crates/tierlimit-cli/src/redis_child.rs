@@ -16,8 +16,12 @@ use tokio::task::AbortHandle;
 use crate::Failure;
 
 const INSTALL_HINT: &str = "redis-server is not on PATH: install it (Debian/Ubuntu: \
-    `sudo apt-get install -y redis-server`; macOS: `brew install redis`), or point \
-    the demo at a running Redis with REDIS_URL=redis://host:port/";
+    `sudo apt-get install -y redis-server`; macOS: `brew install redis`), name it with \
+    TIERLIMIT_REDIS_SERVER=/path/to/redis-server, or point the demo at a running Redis \
+    with REDIS_URL=redis://host:port/";
+/// Names the `redis-server` binary to run, as for the test harness and
+/// `scripts/ensure-redis`; else it is looked for on `PATH`.
+const BINARY_ENV: &str = "TIERLIMIT_REDIS_SERVER";
 /// How long a started server may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Ports tried before giving up when another process takes each one first.
@@ -103,7 +107,7 @@ impl RedisChild {
     }
 
     fn spawn(&mut self) -> Result<(), Failure> {
-        let server = which("redis-server").ok_or_else(|| Failure::new(INSTALL_HINT))?;
+        let server = redis_server()?;
         let log = std::fs::File::create(self.dir.join("redis.log"))
             .map_err(|e| Failure::new(format!("cannot create the redis-server log: {e}")))?;
         // Through `setpriv --pdeathsig KILL` (util-linux) when it is there:
@@ -180,6 +184,18 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
+}
+
+/// The `redis-server` to run: [`BINARY_ENV`]'s, else the one on `PATH`.
+fn redis_server() -> Result<PathBuf, Failure> {
+    match std::env::var_os(BINARY_ENV) {
+        Some(named) if is_executable(std::path::Path::new(&named)) => Ok(named.into()),
+        Some(named) => Err(Failure::new(format!(
+            "{BINARY_ENV}={} is not an executable file",
+            named.to_string_lossy()
+        ))),
+        None => which("redis-server").ok_or_else(|| Failure::new(INSTALL_HINT)),
+    }
 }
 
 #[cfg(unix)]

@@ -343,13 +343,70 @@ fn a_missing_redis_server_is_named_with_how_to_install_it() {
     let out = tierlimit()
         .args(["demo", "--json"])
         .env("PATH", &empty)
+        .env_remove("TIERLIMIT_REDIS_SERVER")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("redis-server is not on PATH"), "{stderr}");
+    assert!(stderr.contains("apt-get install"), "{stderr}");
+    // A path that names no program is named back.
+    let out = tierlimit()
+        .args(["demo", "--json"])
+        .env("PATH", &empty)
+        .env("TIERLIMIT_REDIS_SERVER", empty.join("redis-server"))
         .output()
         .expect("run");
     let _ = std::fs::remove_dir(&empty);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(stderr.contains("redis-server is not on PATH"), "{stderr}");
-    assert!(stderr.contains("apt-get install"), "{stderr}");
+    assert!(
+        stderr.contains("TIERLIMIT_REDIS_SERVER=") && stderr.contains("not an executable"),
+        "{stderr}"
+    );
+}
+
+/// `TIERLIMIT_REDIS_SERVER` names the redis-server to start, as for the
+/// tests and `scripts/ensure-redis`, which lets the demo through with it
+/// set and none on `PATH`. Regression: the demo looked on `PATH` only, and
+/// failed where the script had just said all was well.
+#[test]
+fn the_demo_starts_the_redis_server_tierlimit_redis_server_names() {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let server = std::env::split_paths(&path)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH (scripts/ensure-redis installs it)");
+    let empty = std::env::temp_dir().join(format!("tierlimit-named-server-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let mut demo = tierlimit();
+    demo.args([
+        "demo",
+        "--duration",
+        "60s",
+        "--outage-at",
+        "30s",
+        "--heal-at",
+        "40s",
+    ])
+    .env("PATH", &empty)
+    .env("TIERLIMIT_REDIS_SERVER", &server);
+    let mut run = Running::start(demo);
+    let head = run.stdout_until(Duration::from_secs(20), |l| {
+        l.contains("started for this demo")
+    });
+    let _ = std::fs::remove_dir(&empty);
+    let pid = head
+        .last()
+        .and_then(|l| pid_in(l))
+        .expect("the Redis line names the pid");
+    assert!(process_alive(pid));
+    run.signal("INT");
+    assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "redis-server {pid} outlived the demo"
+    );
 }
 
 /// A timeline that cannot show an outage and a recovery is refused before
