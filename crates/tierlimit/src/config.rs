@@ -1520,9 +1520,18 @@ fn rule_set(
         .get("reconcile")
         .and_then(|v| w.boolean(&f.path("reconcile"), v));
     let stripes_path = f.path("stripes");
-    let stripes = f
-        .get("stripes")
-        .and_then(|v| Some((w.integer(&stripes_path, v, 1)?, v.span())));
+    // The range is checked here, whatever the rules: a problem with them
+    // would otherwise hide this one until they were fixed.
+    let stripes = f.get("stripes").and_then(|v| {
+        let k = w.integer(&stripes_path, v, 1)?;
+        let max = tierlimit_core::MAX_STRIPES;
+        let Some(k) = u32::try_from(k).ok().filter(|k| *k <= max) else {
+            let e = Error::StripesOutOfRange { stripes: k, max };
+            w.report(&stripes_path, Some(v.span()), e.to_string());
+            return None;
+        };
+        Some((k, v.span()))
+    });
     let rules_path = f.path("rules");
     let rules = match f.get("rules") {
         None => {
@@ -1548,21 +1557,13 @@ fn rule_set(
     };
     let set = match stripes {
         None => set,
-        Some((k, span)) => {
-            let striped = u32::try_from(k)
-                .map_err(|_| Error::StripesOutOfRange {
-                    stripes: k,
-                    max: tierlimit_core::MAX_STRIPES,
-                })
-                .and_then(|k| set.with_stripes(k));
-            match striped {
-                Ok(set) => set,
-                Err(e) => {
-                    w.report(&stripes_path, Some(span), e.to_string());
-                    return None;
-                }
+        Some((k, span)) => match set.with_stripes(k) {
+            Ok(set) => set,
+            Err(e) => {
+                w.report(&stripes_path, Some(span), e.to_string());
+                return None;
             }
-        }
+        },
     };
     let set = match policy {
         Some(p) => set.with_policy(p),

@@ -1431,3 +1431,19 @@ fn a_window_finer_than_a_microsecond_loads() {
         "finer",
     );
 }
+
+/// A `stripes` out of range is reported beside a problem with the rules:
+/// it depends on nothing else. Regression: a rule's problem ended the set's
+/// checks before the stripes', which showed up only once it was fixed.
+#[test]
+fn stripes_out_of_range_are_reported_beside_a_bad_rule() {
+    let e = problems(&format!(
+        "[redis]\nurl = \"{URL}\"\n[rule_sets.a]\nstripes = 100\nrules = [\"0/s\"]\n"
+    ));
+    let paths: Vec<&str> = e.problems().iter().map(|p| p.path()).collect();
+    assert_eq!(
+        paths,
+        ["rule_sets.a.stripes", "rule_sets.a.rules[0]"],
+        "{e}"
+    );
+}
