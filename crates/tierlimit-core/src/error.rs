@@ -184,6 +184,16 @@ pub enum Error {
         /// The largest number accepted.
         max: u32,
     },
+    /// A stripe asked of a rule past its last one (see
+    /// [`Rule::stripe`](crate::Rule::stripe)): stripes are numbered from 0
+    /// to `stripes - 1`.
+    #[error("stripe {stripe} of {stripes}: stripes are numbered 0 to {}", .stripes.saturating_sub(1))]
+    StripeOutOfRange {
+        /// The stripe asked for.
+        stripe: u32,
+        /// The number of stripes.
+        stripes: u32,
+    },
     /// A rule whose limit or capacity (burst) is below the number of stripes:
     /// some stripe would get a share of 0 and could never admit anything.
     #[error(

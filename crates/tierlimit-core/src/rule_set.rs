@@ -164,6 +164,11 @@ impl RuleSet {
     /// [`Error::StripesOutOfRange`] unless `stripes` is 1 to
     /// [`MAX_STRIPES`](crate::MAX_STRIPES); [`Error::StripesExceedRule`] when
     /// a rule's limit or capacity is below `stripes` (a stripe would get 0).
+    /// A stripe's share is a rule of its own: one that breaks a bound of
+    /// [`Rule`] is that bound's error, with the share's numbers (a burst far
+    /// above its limit, split, can leave a share whose refill is longer than
+    /// GCRA keeps: [`Error::BurstWindowTooLong`] for 75,000 over a limit of
+    /// 1 per day, from a burst of 150,000 over 3 per day on 2 stripes).
     ///
     /// # How the Redis tier checks a striped key
     ///

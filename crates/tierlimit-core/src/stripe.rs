@@ -3,8 +3,8 @@
 
 use std::borrow::Cow;
 
+use crate::Rule;
 use crate::error::{Error, Result};
-use crate::{Algorithm, Rule};
 
 /// The most stripes (sub-keys) one rule set may spread a user key over.
 ///
@@ -103,9 +103,10 @@ impl Rule {
     /// to its capacity.
     ///
     /// [`Error::StripesOutOfRange`] for 0 or more than [`MAX_STRIPES`]
-    /// stripes, [`Error::StripesExceedRule`] when the limit or the capacity is
-    /// below `stripes`; a share that breaks another bound of [`Rule`] is that
-    /// bound's error.
+    /// stripes, [`Error::StripeOutOfRange`] for a `stripe` past the last
+    /// (`stripes - 1`), [`Error::StripesExceedRule`] when the limit or the
+    /// capacity is below `stripes`; a share that breaks another bound of
+    /// [`Rule`] is that bound's error.
     ///
     /// # Examples
     ///
@@ -117,19 +118,23 @@ impl Rule {
     /// assert_eq!((last.limit(), last.capacity()), (2, 1));
     /// assert_eq!(last.id(), rule.id());
     /// assert!(rule.stripe(7, 0).is_err()); // a burst of 6 over 7 stripes
+    /// assert!(rule.stripe(4, 4).is_err()); // stripes 0 to 3
     /// # Ok::<(), tierlimit_core::Error>(())
     /// ```
     pub fn stripe(&self, stripes: u32, stripe: u32) -> Result<Rule> {
         self.check_stripes(stripes, 0)?;
-        let mut share = Rule::with_period(
-            stripe_share(self.limit(), stripes, stripe % stripes),
-            self.period(),
-        )?;
-        if self.algorithm() != Algorithm::Gcra {
-            share = share.with_algorithm(self.algorithm())?;
+        if stripe >= stripes {
+            return Err(Error::StripeOutOfRange { stripe, stripes });
         }
+        // Made by its algorithm from the start, as this rule was: a window's
+        // share may count more than one unit per µs, which GCRA refuses.
+        let mut share = Rule::new(
+            stripe_share(self.limit(), stripes, stripe),
+            self.period(),
+            self.algorithm(),
+        )?;
         if let Some(burst) = self.burst() {
-            share = share.with_burst(stripe_share(burst, stripes, stripe % stripes))?;
+            share = share.with_burst(stripe_share(burst, stripes, stripe))?;
         }
         if self.is_calendar() {
             share = share.with_utc_offset(i64::from(self.utc_offset_secs()))?;
@@ -162,7 +167,27 @@ impl Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::escape_key;
+    use crate::{Algorithm, escape_key};
+
+    /// A stripe past the last is an error, not another stripe's share;
+    /// and a window's share is made as a window, though it counts more than
+    /// one unit per µs (GCRA refuses that rate).
+    #[test]
+    fn stripes_are_in_range_and_made_by_their_algorithm() {
+        let rule = Rule::per_second(10).expect("valid");
+        assert!(matches!(
+            rule.stripe(4, 4),
+            Err(Error::StripeOutOfRange {
+                stripe: 4,
+                stripes: 4
+            })
+        ));
+        let second = std::time::Duration::from_secs(1);
+        let wide = Rule::new(4_000_000, second, Algorithm::FixedWindow).expect("valid");
+        let share = wide.stripe(2, 1).expect("a window's share");
+        assert_eq!(share.limit(), 2_000_000);
+        assert_eq!(share.algorithm(), Algorithm::FixedWindow);
+    }
 
     #[test]
     fn shares_add_up_for_awkward_totals() {
