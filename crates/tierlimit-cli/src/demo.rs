@@ -243,6 +243,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
+impl AbortOnDrop {
+    /// Aborts the task and waits until it is gone, with what it held.
+    async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
+
 /// Output: a view for people, or JSON lines for machines (progress notes
 /// then go to stderr, so stdout holds JSON only).
 #[derive(Debug, Clone, Copy)]
@@ -711,8 +719,13 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
             }
         }
     }
-    drop(workers);
-    drop(watcher);
+    // Stopped and gone before the limiters shut down, each of which must
+    // then be held here alone: an aborted task asleep between two checks
+    // (a low --rate) still held its limiter when only dropped.
+    for worker in workers {
+        worker.stop().await;
+    }
+    watcher.stop().await;
 
     // Let the reconcilers finish writing the outage back.
     let load_ended = Instant::now();

@@ -201,6 +201,23 @@ fn with_redis_url_the_demo_cuts_a_forwarder_and_leaves_the_server_alone() {
     );
 }
 
+/// At a low rate every limiter is still shut down at the end (it writes
+/// back what it owes and leaves the heartbeat group). Regression: the load's
+/// tasks were only aborted, and one asleep between two checks (240 ms apart
+/// at 50 checks/s) still held its limiter when the demo took them back, so
+/// each was dropped without `shutdown`.
+#[test]
+fn a_low_rate_demo_shuts_every_limiter_down() {
+    let out = tierlimit()
+        .args(["demo", "--json", "--duration", "4s", "--outage-at", "1s"])
+        .args(["--heal-at", "2s", "--rate", "50"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("still shared"), "{stderr}");
+}
+
 /// Ctrl-C mid-run: the demo stops, says so, exits 130, and its
 /// redis-server is gone.
 #[test]
