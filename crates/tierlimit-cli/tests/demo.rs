@@ -201,6 +201,29 @@ fn with_redis_url_the_demo_cuts_a_forwarder_and_leaves_the_server_alone() {
     );
 }
 
+/// Starts `demo` on a timeline whose outage is far off, for the tests that
+/// stop it mid-run, once it names its redis-server: the run and that pid.
+fn long_demo(mut demo: std::process::Command) -> (Running, u32) {
+    demo.args([
+        "demo",
+        "--duration",
+        "60s",
+        "--outage-at",
+        "30s",
+        "--heal-at",
+        "40s",
+    ]);
+    let run = Running::start(demo);
+    let head = run.stdout_until(Duration::from_secs(20), |l| {
+        l.contains("started for this demo")
+    });
+    let pid = head
+        .last()
+        .and_then(|l| pid_in(l))
+        .expect("the Redis line names the pid");
+    (run, pid)
+}
+
 /// At a low rate every limiter is still shut down at the end (it writes
 /// back what it owes and leaves the heartbeat group). Regression: the load's
 /// tasks were only aborted, and one asleep between two checks (240 ms apart
@@ -222,24 +245,7 @@ fn a_low_rate_demo_shuts_every_limiter_down() {
 /// redis-server is gone.
 #[test]
 fn ctrl_c_stops_the_demo_and_its_redis_server() {
-    let mut demo = tierlimit();
-    demo.args([
-        "demo",
-        "--duration",
-        "60s",
-        "--outage-at",
-        "30s",
-        "--heal-at",
-        "40s",
-    ]);
-    let mut run = Running::start(demo);
-    let head = run.stdout_until(Duration::from_secs(20), |l| {
-        l.contains("started for this demo")
-    });
-    let pid = head
-        .last()
-        .and_then(|l| pid_in(l))
-        .expect("the Redis line names the pid");
+    let (mut run, pid) = long_demo(tierlimit());
     assert!(process_alive(pid));
     // Once the load runs (a first second reported).
     run.stdout_until(Duration::from_secs(20), |l| l.contains("0-1s"));
@@ -262,24 +268,7 @@ fn ctrl_c_stops_the_demo_and_its_redis_server() {
 /// child with the demo (it runs under `setpriv --pdeathsig KILL`).
 #[test]
 fn a_killed_demo_takes_its_redis_server_with_it() {
-    let mut demo = tierlimit();
-    demo.args([
-        "demo",
-        "--duration",
-        "60s",
-        "--outage-at",
-        "30s",
-        "--heal-at",
-        "40s",
-    ]);
-    let mut run = Running::start(demo);
-    let head = run.stdout_until(Duration::from_secs(20), |l| {
-        l.contains("started for this demo")
-    });
-    let pid = head
-        .last()
-        .and_then(|l| pid_in(l))
-        .expect("the Redis line names the pid");
+    let (mut run, pid) = long_demo(tierlimit());
     run.stdout_until(Duration::from_secs(20), |l| l.contains("0-1s"));
     run.signal("KILL");
     run.wait(Duration::from_secs(5));
@@ -397,26 +386,10 @@ fn the_demo_starts_the_redis_server_tierlimit_redis_server_names() {
     let empty = std::env::temp_dir().join(format!("tierlimit-named-server-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("mkdir");
     let mut demo = tierlimit();
-    demo.args([
-        "demo",
-        "--duration",
-        "60s",
-        "--outage-at",
-        "30s",
-        "--heal-at",
-        "40s",
-    ])
-    .env("PATH", &empty)
-    .env("TIERLIMIT_REDIS_SERVER", &server);
-    let mut run = Running::start(demo);
-    let head = run.stdout_until(Duration::from_secs(20), |l| {
-        l.contains("started for this demo")
-    });
+    demo.env("PATH", &empty)
+        .env("TIERLIMIT_REDIS_SERVER", &server);
+    let (mut run, pid) = long_demo(demo);
     let _ = std::fs::remove_dir(&empty);
-    let pid = head
-        .last()
-        .and_then(|l| pid_in(l))
-        .expect("the Redis line names the pid");
     assert!(process_alive(pid));
     run.signal("INT");
     assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
