@@ -529,7 +529,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         RuleSet::new(
             "demo",
             [
-                Rule::per_second(limit)?.with_algorithm(Algorithm::FixedWindow)?,
+                Rule::new(limit, Duration::from_secs(1), Algorithm::FixedWindow)?,
                 Rule::per_hour(hour_limit)?,
             ],
         )?
