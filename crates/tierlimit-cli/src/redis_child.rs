@@ -113,12 +113,8 @@ impl RedisChild {
         // Through `setpriv --pdeathsig KILL` (util-linux) when it is there:
         // the kernel then kills the server if the demo itself is killed with
         // SIGKILL, the one exit no cleanup code of ours can see.
-        let mut command = match which("setpriv") {
-            Some(setpriv) => {
-                let mut c = Command::new(setpriv);
-                c.args(["--pdeathsig", "KILL", "--"]).arg(&server);
-                c
-            }
+        let mut command = match with_pdeathsig(&server) {
+            Some(c) => c,
             None => Command::new(&server),
         };
         command
@@ -184,6 +180,27 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
+}
+
+/// `server` under `setpriv --pdeathsig KILL --`, when a `setpriv` on `PATH`
+/// runs it so: one older than util-linux 2.33 has no `--pdeathsig` and
+/// refuses it, and the server never started (five times over, its reason
+/// lost with setpriv's stderr). Tried with `--version`, which exits at once.
+fn with_pdeathsig(server: &std::path::Path) -> Option<Command> {
+    let setpriv = which("setpriv")?;
+    let under = |server: &std::path::Path| {
+        let mut c = Command::new(&setpriv);
+        c.args(["--pdeathsig", "KILL", "--"]).arg(server);
+        c
+    };
+    let works = under(server)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    works.then(|| under(server))
 }
 
 /// The `redis-server` to run: [`BINARY_ENV`]'s, else the one on `PATH`.

@@ -224,6 +224,42 @@ fn long_demo(mut demo: std::process::Command) -> (Running, u32) {
     (run, pid)
 }
 
+/// A `setpriv` without `--pdeathsig` (util-linux before 2.33) is passed
+/// over: the demo starts its redis-server without it. Regression: it was
+/// used whenever found, refused the option, and the server never started.
+#[test]
+fn a_setpriv_without_pdeathsig_is_passed_over() {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let server = std::env::split_paths(&path)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH (scripts/ensure-redis installs it)");
+    let dir = std::env::temp_dir().join(format!("tierlimit-old-setpriv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let fake = dir.join("setpriv");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho \"setpriv: unrecognized option '--pdeathsig'\" >&2\nexit 1\n",
+    )
+    .expect("write the fake setpriv");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let mut demo = tierlimit();
+    demo.env("PATH", &dir)
+        .env("TIERLIMIT_REDIS_SERVER", &server);
+    let (mut run, pid) = long_demo(demo);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(process_alive(pid));
+    run.signal("INT");
+    assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "redis-server {pid} outlived the demo"
+    );
+}
+
 /// At a low rate every limiter is still shut down at the end (it writes
 /// back what it owes and leaves the heartbeat group). Regression: the load's
 /// tasks were only aborted, and one asleep between two checks (240 ms apart
