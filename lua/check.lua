@@ -39,7 +39,9 @@
 -- or capacity: a check with another limit or capacity than the last writer's
 -- reads the same state and keeps what was used (GCRA rescales its arrival
 -- time by the limit stored with it, the token bucket stores used units, the
--- window algorithms keep their counts), and judges it by the new numbers.
+-- window algorithms keep their counts), and judges it by the new numbers;
+-- GCRA's and the token bucket's units drain at the limit they were written
+-- under until an admission rewrites them (their key expires by that rate).
 --
 -- Bad input is refused before anything is read or written, with an error
 -- reply "ERR tierlimit check: ...": every number must be a decimal integer

@@ -29,7 +29,12 @@
 -- 10/s expire in 1 s; drained at 1/s they were to deny for 9 s more, and
 -- the bucket came back full after 1). A denial's retry-after and
 -- reset-after say when that drain gets there. A state written without its
--- limit (before it was stored) drains at the limit it is read under.
+-- limit (before it was stored) drains at the limit it is read under. While
+-- versions before and after this are deployed side by side, an old writer
+-- leaves a new one's `limit` beside its own units: they drain at that limit,
+-- which differs from the old writer's only if the deploy changes the limit
+-- too (then, as before the limit was stored, the key may expire sooner or
+-- later than its units drain).
 -- What drains in more than MAX_REFILL_US (2^52 µs) is not kept, as for GCRA.
 --
 -- Units are doubles. Comparisons allow TB_SLACK tokens for their rounding

@@ -201,6 +201,19 @@ fn with_redis_url_the_demo_cuts_a_forwarder_and_leaves_the_server_alone() {
     );
 }
 
+/// The redis-server the tests run: `TIERLIMIT_REDIS_SERVER`'s, else the one
+/// on `PATH`.
+fn redis_server_binary() -> std::path::PathBuf {
+    if let Some(named) = std::env::var_os("TIERLIMIT_REDIS_SERVER") {
+        return named.into();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH or named by TIERLIMIT_REDIS_SERVER (scripts/ensure-redis installs it)")
+}
+
 /// Starts `demo` on a timeline whose outage is far off, for the tests that
 /// stop it mid-run, once it names its redis-server: the run and that pid.
 fn long_demo(mut demo: std::process::Command) -> (Running, u32) {
@@ -229,11 +242,7 @@ fn long_demo(mut demo: std::process::Command) -> (Running, u32) {
 /// used whenever found, refused the option, and the server never started.
 #[test]
 fn a_setpriv_without_pdeathsig_is_passed_over() {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let server = std::env::split_paths(&path)
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| p.is_file())
-        .expect("redis-server on PATH (scripts/ensure-redis installs it)");
+    let server = redis_server_binary();
     let dir = std::env::temp_dir().join(format!("tierlimit-old-setpriv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let fake = dir.join("setpriv");
@@ -414,11 +423,7 @@ fn a_missing_redis_server_is_named_with_how_to_install_it() {
 /// failed where the script had just said all was well.
 #[test]
 fn the_demo_starts_the_redis_server_tierlimit_redis_server_names() {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let server = std::env::split_paths(&path)
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| p.is_file())
-        .expect("redis-server on PATH (scripts/ensure-redis installs it)");
+    let server = redis_server_binary();
     let empty = std::env::temp_dir().join(format!("tierlimit-named-server-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("mkdir");
     let mut demo = tierlimit();

@@ -44,7 +44,7 @@ pub const MAX_REFILL_US: u64 = 1 << 52;
 /// | algorithm | state per key | exact |
 /// |---|---|---|
 /// | [`Gcra`](Algorithm::Gcra) (default) | one value (theoretical arrival time and the limit it was written under) | yes |
-/// | [`TokenBucket`](Algorithm::TokenBucket) | hash `{used, ts}` | yes |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | hash `{used, ts, limit}` (units used at a time, and the limit they were written under) | yes |
 /// | [`SlidingLog`](Algorithm::SlidingLog) | sorted set of events | yes |
 /// | [`SlidingWindow`](Algorithm::SlidingWindow) | two counters | approximate |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | yes, per window |

@@ -238,13 +238,15 @@ fn assert_spill_cut(
 /// spill's round trip came on top of the pipeline's, under a deadline of its
 /// own, and the check answered after both. Each round trip takes 120 ms of
 /// a 200 ms deadline: the pipeline is answered, the spill cut at the
-/// deadline, and the check's verdict stands.
+/// deadline, and the check's verdict stands. (The check is of another key,
+/// with room on every stripe: it asks a stripe at random, and one that
+/// denied it would send it to the next after the deadline.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_after_whose_write_back_spills_keeps_its_deadline() {
     let _serial = tierlimit_test::serial().await;
     let (_server, _proxy, tier, set, entry) = spilling_write_back().await;
     let (result, took) = judged(
-        tier.check_after("hot", &set, 1, &[WriteBack::new("wb", &entry)]),
+        tier.check_after("cold", &set, 1, &[WriteBack::new("wb", &entry)]),
         SPILL_DEADLINE + SLACK,
     )
     .await;

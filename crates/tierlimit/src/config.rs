@@ -1674,12 +1674,27 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
             }
         }
     });
+    // One offset, in one place: `utc_offset` would silently replace the
+    // rate's `@offset`.
+    if let (Some(v), Some(rate)) = (f.get("utc_offset"), f.get("rate"))
+        && matches!(rate.get_ref(), DeValue::String(r) if r.contains('@'))
+    {
+        w.report(
+            &f.path("utc_offset"),
+            Some(v.span()),
+            "the rate names a UTC offset already (\"@...\"): give it in one place",
+        );
+        return None;
+    }
+    // A UTC offset makes a calendar window: the fixed window, unless the
+    // file names another algorithm (then the rule's own error says why not).
+    // The rule is made by its algorithm from the start: a window may count
+    // more than one unit per µs, which the default (GCRA) refuses.
+    let algorithm = algorithm.or(offset.map(|_| Algorithm::FixedWindow));
     let base = match (f.get("rate"), f.get("limit"), f.get("per")) {
         (Some(rate), None, None) => {
             let text = w.string(&f.path("rate"), rate)?;
-            // Made by its algorithm from the start: a window may count more
-            // than one unit per µs, which the default (GCRA) refuses.
-            match parse_rule_as(text, algorithm.or(offset.map(|_| Algorithm::FixedWindow))) {
+            match parse_rule_as(text, algorithm) {
                 Ok(r) => Some(r),
                 Err(e @ Error::InvalidRuleSpec { .. }) => {
                     w.report(&f.path("rate"), Some(rate.span()), reason_of(&e));
@@ -1722,9 +1737,7 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
                 }
             };
             let (limit, per) = (limit?, per?);
-            let algorithm = algorithm
-                .or(offset.map(|_| Algorithm::FixedWindow))
-                .unwrap_or(Algorithm::Gcra);
+            let algorithm = algorithm.unwrap_or(Algorithm::Gcra);
             step(w, &f, path, v, "per", Rule::new(limit, per, algorithm))
         }
     };
@@ -1732,21 +1745,6 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
     if w.problems.len() > before {
         return None;
     }
-    // One offset, in one place: `utc_offset` would silently replace the
-    // rate's `@offset`.
-    if let (Some(v), Some(rate)) = (f.get("utc_offset"), f.get("rate"))
-        && matches!(rate.get_ref(), DeValue::String(r) if r.contains('@'))
-    {
-        w.report(
-            &f.path("utc_offset"),
-            Some(v.span()),
-            "the rate names a UTC offset already (\"@...\"): give it in one place",
-        );
-        return None;
-    }
-    // A UTC offset makes a calendar window: the fixed window, unless the
-    // file names another algorithm (then the rule's own error says why not).
-    let algorithm = algorithm.or(offset.map(|_| Algorithm::FixedWindow));
     if offset.is_some() && !DAY.as_micros().is_multiple_of(rule.period().as_micros()) {
         let key = if f.get("per").is_some() {
             "per"
@@ -1759,9 +1757,6 @@ fn rule_table(w: &mut Walk<'_>, path: &str, v: &Value<'_>) -> Option<Rule> {
             "a calendar window (utc_offset) needs a period that divides a day evenly (like 15m, 1h, 6h or 1d)",
         );
         return None;
-    }
-    if let Some(a) = algorithm {
-        rule = step(w, &f, path, v, "algorithm", rule.with_algorithm(a))?;
     }
     if let Some(o) = offset {
         rule = step(w, &f, path, v, "utc_offset", rule.with_utc_offset(o))?;

@@ -57,9 +57,11 @@ impl InstanceCount {
         Self::with(n, Duration::ZERO, Duration::ZERO, Duration::ZERO)
     }
 
-    /// A count learned from heartbeats sent every `beat`, `assumed` until
-    /// one answers `learn_after` after the first (`None`: unknown), and
-    /// learned again that way after a gap in the beats.
+    /// A count learned from heartbeats, one answered at least every `beat`
+    /// while Redis answers (the interval between two, plus a call's
+    /// deadline), `assumed` until one answers `learn_after` after the first
+    /// (`None`: unknown), and learned again that way after a gap in the
+    /// beats.
     pub(crate) fn learned(
         assumed: Option<u64>,
         ttl: Duration,
@@ -76,7 +78,8 @@ impl InstanceCount {
             heard: Mutex::new(Heard::default()),
             ttl_us: us(ttl),
             learn_after_us: us(learn_after),
-            // One beat missed, or late, is not yet a gap.
+            // One beat missed (its call timed out), or late, is not yet a
+            // gap.
             gap_us: us(beat).saturating_mul(2),
         }
     }
@@ -143,6 +146,8 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+    /// The longest time between two beats answered: the interval plus a
+    /// call's deadline.
     const BEAT: Duration = Duration::from_secs(1);
     const TTL: Duration = Duration::from_secs(30);
 
@@ -264,8 +269,10 @@ mod tests {
         assert_eq!(count.heard(9, 40 * S), 9);
     }
 
-    /// Beats a second apart, or with one missed, are no gap: a count falls
-    /// as the TTL says, without learning again.
+    /// Beats answered at most a beat apart (here a second: the interval and
+    /// the call's deadline), or two beats apart when one between them timed
+    /// out, are no gap: a count falls as the TTL says, without learning
+    /// again.
     #[test]
     fn a_missed_beat_is_no_gap() {
         let count =

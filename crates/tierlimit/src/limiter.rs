@@ -324,7 +324,13 @@ impl HybridLimiterBuilder {
             }
             Instances::Fixed(n) => InstanceCount::fixed(n),
             Instances::Learned { assume } => {
-                InstanceCount::learned(assume, self.instance_ttl, learn_after, self.heartbeat_every)
+                InstanceCount::learned(
+                    assume,
+                    self.instance_ttl,
+                    learn_after,
+                    // Beats answer this far apart: the interval, then the call.
+                    self.heartbeat_every.saturating_add(self.deadline),
+                )
             }
         };
         in_range(

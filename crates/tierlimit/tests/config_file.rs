@@ -1447,3 +1447,19 @@ fn stripes_out_of_range_are_reported_beside_a_bad_rule() {
         "{e}"
     );
 }
+
+/// A rate that names its UTC offset (`@...`) and a `utc_offset` beside it
+/// is refused at `utc_offset`, whatever the algorithm: one would silently
+/// replace the other.
+#[test]
+fn a_utc_offset_given_twice_is_refused() {
+    for algorithm in ["", ", algorithm = \"gcra\""] {
+        refused(
+            &format!(
+                "[redis]\nurl = \"{URL}\"\n[rule_sets.a]\nrules = [{{ rate = \"100/day@+08:00\", utc_offset = \"+01:00\"{algorithm} }}]\n"
+            ),
+            "rule_sets.a.rules[0].utc_offset",
+            "give it in one place",
+        );
+    }
+}

@@ -49,14 +49,17 @@ async fn used(conn: &mut redis::aio::MultiplexedConnection, key: &str, rule: &Ru
             })
         }
         Algorithm::TokenBucket => {
-            // {used, ts} (lua/token_bucket.lua).
-            let (used, ts): (Option<f64>, Option<f64>) = redis::cmd("HMGET")
+            // {used, ts, limit}: used units at ts, draining at the limit
+            // they were written under (lua/token_bucket.lua).
+            let (used, ts, written): (Option<f64>, Option<f64>, Option<f64>) = redis::cmd("HMGET")
                 .arg(key)
                 .arg("used")
                 .arg("ts")
+                .arg("limit")
                 .query_async(conn)
                 .await
                 .expect("HMGET");
+            let t = written.map_or(t, |limit| rule.period_micros() as f64 / limit);
             match (used, ts) {
                 (Some(used), Some(ts)) => (used - (now - ts) / t).max(0.0),
                 _ => 0.0,
