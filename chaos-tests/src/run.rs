@@ -398,6 +398,10 @@ fn run_inner(
         next_tick += 1_000;
     }
     pause_until(start_us, (warm + fault_ms) * 1_000, &mut cluster);
+    // An app may close on the healed Redis before the driver's heal returns
+    // (`docker unpause` takes up to a few hundred ms): a close is judged
+    // from when the heal was asked for.
+    let heal_asked = unix_us() - start_us;
     for action in &sc.heal {
         let asked = unix_us() - start_us;
         driver.act(*action)?;
@@ -420,12 +424,12 @@ fn run_inner(
         while Instant::now() < end
             && !{
                 tail.poll();
-                tail.closed_since(healed_at)
+                tail.closed_since(heal_asked)
             }
         {
             std::thread::sleep(Duration::from_millis(5));
         }
-        killed_after_close = Some(tail.closed_since(healed_at));
+        killed_after_close = Some(tail.closed_since(heal_asked));
         driver.act(Action::KillApp(app))?;
         killed.push((current[app], unix_us() - start_us));
     }
