@@ -214,6 +214,21 @@ fn redis_server_binary() -> std::path::PathBuf {
         .expect("redis-server on PATH or named by TIERLIMIT_REDIS_SERVER (scripts/ensure-redis installs it)")
 }
 
+/// With only `dir` on `PATH` and `TIERLIMIT_REDIS_SERVER` naming `server`,
+/// the demo starts its redis-server, and Ctrl-C stops both.
+fn starts_and_stops_with_only_on_path(dir: &std::path::Path, server: &std::path::Path) {
+    let mut demo = tierlimit();
+    demo.env("PATH", dir).env("TIERLIMIT_REDIS_SERVER", server);
+    let (mut run, pid) = long_demo(demo);
+    assert!(process_alive(pid));
+    run.signal("INT");
+    assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "redis-server {pid} outlived the demo"
+    );
+}
+
 /// Starts `demo` on a timeline whose outage is far off, for the tests that
 /// stop it mid-run, once it names its redis-server: the run and that pid.
 fn long_demo(mut demo: std::process::Command) -> (Running, u32) {
@@ -255,18 +270,8 @@ fn a_setpriv_without_pdeathsig_is_passed_over() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     }
-    let mut demo = tierlimit();
-    demo.env("PATH", &dir)
-        .env("TIERLIMIT_REDIS_SERVER", &server);
-    let (mut run, pid) = long_demo(demo);
+    starts_and_stops_with_only_on_path(&dir, &server);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(process_alive(pid));
-    run.signal("INT");
-    assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
-    assert!(
-        gone_within(pid, Duration::from_secs(2)),
-        "redis-server {pid} outlived the demo"
-    );
 }
 
 /// At a low rate every limiter is still shut down at the end (it writes
@@ -426,18 +431,8 @@ fn the_demo_starts_the_redis_server_tierlimit_redis_server_names() {
     let server = redis_server_binary();
     let empty = std::env::temp_dir().join(format!("tierlimit-named-server-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("mkdir");
-    let mut demo = tierlimit();
-    demo.env("PATH", &empty)
-        .env("TIERLIMIT_REDIS_SERVER", &server);
-    let (mut run, pid) = long_demo(demo);
+    starts_and_stops_with_only_on_path(&empty, &server);
     let _ = std::fs::remove_dir(&empty);
-    assert!(process_alive(pid));
-    run.signal("INT");
-    assert_eq!(run.wait(Duration::from_secs(10)), Some(130));
-    assert!(
-        gone_within(pid, Duration::from_secs(2)),
-        "redis-server {pid} outlived the demo"
-    );
 }
 
 /// A timeline that cannot show an outage and a recovery is refused before
