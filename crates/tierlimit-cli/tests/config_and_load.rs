@@ -98,16 +98,16 @@ fn config_check_describes_a_valid_file() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
 }
 
+/// One instance, one set of 50/s; its URL unreachable (`--redis` replaces it).
+const ONE_KEY_AT_50: &str = "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[limiter]\ninstances = 1\n[rule_sets.api]\nrules = [\"50/s\"]\n";
+
 /// The load checks the file's rule set against Redis (through `--redis`,
 /// which replaces the file's unreachable URL) and the limit holds: one key
 /// at 50/s admits at most its burst plus 50 per second of load.
 #[test]
 fn load_runs_the_file_s_rule_sets_against_redis_and_the_limit_holds() {
     let server = RedisServer::start();
-    let file = TempFile::new(
-        "load.toml",
-        "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[limiter]\ninstances = 1\n[rule_sets.api]\nrules = [\"50/s\"]\n",
-    );
+    let file = TempFile::new("load.toml", ONE_KEY_AT_50);
     let out = tierlimit()
         .args(["load", "--redis", &server.url(), "--config", file.path()])
         .args([
@@ -198,10 +198,7 @@ fn load_refuses_a_bad_config_and_an_unknown_set() {
 #[test]
 fn ctrl_c_stops_a_load_which_still_reports() {
     let server = RedisServer::start();
-    let file = TempFile::new(
-        "interrupted.toml",
-        "[redis]\nurl = \"redis://127.0.0.1:1/\"\n[limiter]\ninstances = 1\n[rule_sets.api]\nrules = [\"50/s\"]\n",
-    );
+    let file = TempFile::new("interrupted.toml", ONE_KEY_AT_50);
     let mut load = tierlimit();
     load.args(["load", "--redis", &server.url(), "--config", file.path()])
         .args(["--duration", "60s", "--concurrency", "4", "--keys", "1"]);

@@ -93,34 +93,8 @@ impl FromStr for Rule {
     /// # Ok::<(), Error>(())
     /// ```
     fn from_str(text: &str) -> Result<Rule> {
-        parse_rule(text, None)
+        parse_rule_as(text, None)
     }
-}
-
-/// Parses `text` as [`Rule::from_str`] does, checked by `algorithm` from the
-/// start (`None`: GCRA, or the fixed window for a calendar `@offset`), as
-/// [`Rule::new`] makes it: a window may count more than one unit per
-/// microsecond, which GCRA refuses, so parsing as GCRA first and changing
-/// the algorithm after cannot reach it. (The config file's table form
-/// names the algorithm beside the rate.)
-///
-/// # Errors
-///
-/// As [`Rule::from_str`]; an `@offset` with an algorithm other than the
-/// fixed window is [`Error::CalendarNeedsFixedWindow`].
-///
-/// # Examples
-///
-/// ```
-/// use tierlimit_core::{Algorithm, Error, Rule, parse_rule_as};
-///
-/// let bytes = parse_rule_as("100000000000/day", Some(Algorithm::SlidingWindow))?;
-/// assert_eq!(bytes.algorithm(), Algorithm::SlidingWindow);
-/// assert!(matches!("100000000000/day".parse::<Rule>(), Err(Error::RateTooFine { .. })));
-/// # Ok::<(), Error>(())
-/// ```
-pub fn parse_rule_as(text: &str, algorithm: Option<Algorithm>) -> Result<Rule> {
-    parse_rule(text, algorithm)
 }
 
 /// Parses a duration: digits followed by a unit, `"250us"`, `"50ms"`, `"2s"`,
@@ -201,7 +175,29 @@ fn unit_micros(unit: &str) -> std::result::Result<u64, String> {
     })
 }
 
-fn parse_rule(text: &str, algorithm: Option<Algorithm>) -> Result<Rule> {
+/// Parses `text` as [`Rule::from_str`] does, checked by `algorithm` from the
+/// start (`None`: GCRA, or the fixed window for a calendar `@offset`), as
+/// [`Rule::new`] makes it: a window may count more than one unit per
+/// microsecond, which GCRA refuses, so parsing as GCRA first and changing
+/// the algorithm after cannot reach it. (The config file's table form
+/// names the algorithm beside the rate.)
+///
+/// # Errors
+///
+/// As [`Rule::from_str`]; an `@offset` with an algorithm other than the
+/// fixed window is [`Error::CalendarNeedsFixedWindow`].
+///
+/// # Examples
+///
+/// ```
+/// use tierlimit_core::{Algorithm, Error, Rule, parse_rule_as};
+///
+/// let bytes = parse_rule_as("100000000000/day", Some(Algorithm::SlidingWindow))?;
+/// assert_eq!(bytes.algorithm(), Algorithm::SlidingWindow);
+/// assert!(matches!("100000000000/day".parse::<Rule>(), Err(Error::RateTooFine { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+pub fn parse_rule_as(text: &str, algorithm: Option<Algorithm>) -> Result<Rule> {
     let fail = |reason: String| Error::InvalidRuleSpec {
         spec: text.to_owned(),
         reason,

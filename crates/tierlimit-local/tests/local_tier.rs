@@ -553,6 +553,16 @@ impl Clock for SteppingClock {
     }
 }
 
+/// A local tier on a [`SteppingClock`] standing at `clock`, not stepped yet.
+fn stepping(clock: FakeClock) -> (LocalTier, Arc<SteppingClock>) {
+    let clock = Arc::new(SteppingClock {
+        inner: clock,
+        step_us: AtomicI64::new(0),
+    });
+    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    (local, clock)
+}
+
 /// An outage settles for its time on the monotonic clock, whatever the wall
 /// clock does meanwhile. Regression: the end was a wall-clock time, so a
 /// clock stepped forward right after a heal (NTP, a VM resumed) ended the
@@ -562,11 +572,7 @@ impl Clock for SteppingClock {
 #[test]
 fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
     for step_us in [3_600_000_000, -3_600_000_000] {
-        let clock = Arc::new(SteppingClock {
-            inner: FakeClock::new(1_700_000_000_000_000),
-            step_us: AtomicI64::new(0),
-        });
-        let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
+        let (local, clock) = stepping(FakeClock::new(1_700_000_000_000_000));
         let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
         let settle = Duration::from_secs(5);
         assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
@@ -601,11 +607,7 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
 #[test]
 fn a_wall_clock_stepped_back_keeps_the_windows_counts() {
     // 0.2 s into a minute.
-    let clock = Arc::new(SteppingClock {
-        inner: FakeClock::new(1_699_999_980_200_000),
-        step_us: AtomicI64::new(0),
-    });
-    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid");
+    let (local, clock) = stepping(FakeClock::new(1_699_999_980_200_000));
     let rule = |algorithm| {
         Rule::per_minute(100)
             .and_then(|r| r.with_algorithm(algorithm))
@@ -705,11 +707,7 @@ fn a_second_outage_while_the_first_settles_goes_on_from_its_bucket() {
 
 #[test]
 fn a_wall_clock_stepped_forward_during_an_outage_drops_no_owed_units() {
-    let clock = Arc::new(SteppingClock {
-        inner: FakeClock::default(),
-        step_us: AtomicI64::new(0),
-    });
-    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    let (local, clock) = stepping(FakeClock::default());
     // A minute's bucket: its units matter for a minute after the last.
     let set = RuleSet::new("api", [Rule::per_minute(60).expect("valid")]).expect("valid");
     for _ in 0..5 {
@@ -747,11 +745,7 @@ fn a_wall_clock_stepped_forward_during_an_outage_drops_no_owed_units() {
 /// admitted just before were dropped as expired.
 #[test]
 fn a_wall_clock_stepped_back_drops_no_owed_units() {
-    let clock = Arc::new(SteppingClock {
-        inner: FakeClock::default(),
-        step_us: AtomicI64::new(0),
-    });
-    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    let (local, clock) = stepping(FakeClock::default());
     let set = RuleSet::new(
         "api",
         [Rule::per_minute(60)
@@ -856,11 +850,7 @@ fn an_ended_outages_seed_lasts_until_its_bucket_could_refill() {
 /// an hour's step dropped a minute window's units admitted just before.
 #[test]
 fn units_judged_before_the_next_prune_after_a_step_are_kept() {
-    let clock = Arc::new(SteppingClock {
-        inner: FakeClock::default(),
-        step_us: AtomicI64::new(0),
-    });
-    let local = LocalTier::new(LocalConfig::default(), clock.clone()).expect("valid config");
+    let (local, clock) = stepping(FakeClock::default());
     // Two rules: the slow path, which stamps the wall clock it reads.
     let set = RuleSet::new(
         "api",
