@@ -71,11 +71,16 @@ pub enum Error {
         /// The offending period.
         period: Duration,
     },
-    /// The period is longer than the scripts can represent (2^53 µs).
-    #[error("a rule's period is too long (got {period:?})")]
+    /// The period is longer than the scripts can represent: 2^53 µs
+    /// ([`MAX_EXACT`](crate::MAX_EXACT)), and for GCRA and the token bucket
+    /// without a burst 2^52 µs ([`MAX_REFILL_US`](crate::MAX_REFILL_US)), the
+    /// longest a full bucket may take to refill.
+    #[error("a rule's period is too long (got {period:?}, at most {max:?})")]
     PeriodTooLong {
         /// The offending period.
         period: Duration,
+        /// The longest period this rule may have.
+        max: Duration,
     },
     /// More than one request per microsecond: the emission interval of GCRA and
     /// the token bucket would round to zero.

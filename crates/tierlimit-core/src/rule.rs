@@ -238,7 +238,10 @@ impl Rule {
         let period_us = u64::try_from(period.as_micros())
             .ok()
             .filter(|us| *us <= MAX_EXACT)
-            .ok_or(Error::PeriodTooLong { period })?;
+            .ok_or(Error::PeriodTooLong {
+                period,
+                max: Duration::from_micros(MAX_EXACT),
+            })?;
         Rule {
             limit,
             period_us,
@@ -328,6 +331,14 @@ impl Rule {
         // Compared without dividing, as lua/common.lua's rule_args does.
         let refill_exceeds = u128::from(self.capacity()) * u128::from(self.period_us)
             > u128::from(MAX_REFILL_US) * u128::from(self.limit);
+        if self.algorithm.has_burst() && refill_exceeds && self.burst.is_none() {
+            // A full bucket refills in one period: the period itself is what
+            // is too long, not a burst the rule was never given.
+            return Err(Error::PeriodTooLong {
+                period: self.period(),
+                max: Duration::from_micros(MAX_REFILL_US),
+            });
+        }
         if self.algorithm.has_burst() && refill_exceeds {
             return Err(Error::BurstWindowTooLong {
                 capacity: self.capacity(),

@@ -1463,3 +1463,19 @@ fn a_utc_offset_given_twice_is_refused() {
         );
     }
 }
+
+/// A GCRA rule whose period alone is too long for its arrival time (a full
+/// bucket refills in one period) is refused at its period, which is what
+/// the file said, not at a burst it never gave.
+#[test]
+fn a_gcra_period_too_long_is_refused_at_the_period() {
+    let rule = |extra: &str| {
+        format!(
+            "[redis]\nurl = \"{URL}\"\n[rule_sets.a]\nrules = [{{ limit = 1, per = \"60000d\"{extra} }}]\n"
+        )
+    };
+    refused(&rule(""), "rule_sets.a.rules[0].per", "too long");
+    // The same period as a window has no refill to keep exact.
+    Config::from_toml_str(&rule(", algorithm = \"fixed-window\""))
+        .expect("a window of 60,000 days loads");
+}
