@@ -13,7 +13,7 @@ use clap::Args;
 use serde::Serialize;
 use tierlimit::{BreakerState, Config};
 
-use crate::stats::{ByTier, Outcomes, TIERS, tier_index};
+use crate::stats::{ByTier, Histogram, Outcomes, TIERS, tier_index};
 use crate::{Failure, args};
 
 #[derive(Debug, Args)]
@@ -48,82 +48,6 @@ pub(crate) struct LoadArgs {
     /// Print the result as one JSON object (no progress line).
     #[arg(long)]
     json: bool,
-}
-
-/// A latency histogram in microseconds: exact below 64 µs, then 64 buckets
-/// per power of two (at most 1/64 = 1.6 % above the true value), so hours
-/// of load cost a few kilobytes per worker.
-#[derive(Debug, Clone)]
-struct Histogram {
-    counts: Vec<u64>,
-    max: u64,
-}
-
-const SUB: u32 = 6;
-const SUB_BUCKETS: u64 = 1 << SUB;
-
-impl Histogram {
-    fn new() -> Histogram {
-        Histogram {
-            counts: vec![0; ((64 - SUB as usize) + 1) * SUB_BUCKETS as usize],
-            max: 0,
-        }
-    }
-
-    fn index(us: u64) -> usize {
-        if us < SUB_BUCKETS {
-            return us as usize;
-        }
-        let exp = 63 - us.leading_zeros();
-        let mantissa = (us >> (exp - SUB)) & (SUB_BUCKETS - 1);
-        ((exp - SUB + 1) as u64 * SUB_BUCKETS + mantissa) as usize
-    }
-
-    /// The largest value in bucket `i`.
-    fn upper(i: usize) -> u64 {
-        let i = i as u64;
-        if i < SUB_BUCKETS {
-            return i;
-        }
-        let exp = i / SUB_BUCKETS + u64::from(SUB) - 1;
-        let mantissa = i % SUB_BUCKETS;
-        let low = (SUB_BUCKETS + mantissa) << (exp - u64::from(SUB));
-        low + (1 << (exp - u64::from(SUB))) - 1
-    }
-
-    fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.counts[Self::index(us)] += 1;
-        self.max = self.max.max(us);
-    }
-
-    fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
-        }
-        self.max = self.max.max(other.max);
-    }
-
-    fn count(&self) -> u64 {
-        self.counts.iter().sum()
-    }
-
-    /// The `p` quantile's bucket upper bound (never above the maximum seen).
-    fn quantile(&self, p: f64) -> Option<u64> {
-        let n = self.count();
-        if n == 0 {
-            return None;
-        }
-        let rank = ((p * n as f64).ceil() as u64).clamp(1, n);
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Some(Self::upper(i).min(self.max));
-            }
-        }
-        Some(self.max)
-    }
 }
 
 /// What the workers count as they go, for the progress line.
@@ -359,7 +283,7 @@ pub(crate) async fn run(
             p90: hist.quantile(0.9),
             p99: hist.quantile(0.99),
             p999: hist.quantile(0.999),
-            max: (checks > 0).then_some(hist.max),
+            max: hist.max(),
         },
         breaker,
     };
@@ -410,29 +334,4 @@ pub(crate) async fn run(
     } else {
         ExitCode::SUCCESS
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_quantiles_are_within_a_bucket() {
-        let mut h = Histogram::new();
-        for us in 1..=10_000u64 {
-            h.record(Duration::from_micros(us));
-        }
-        let p50 = h.quantile(0.5).expect("samples");
-        assert!((5_000..=5_000 + 5_000 / 64 + 1).contains(&p50), "{p50}");
-        let p99 = h.quantile(0.99).expect("samples");
-        assert!((9_900..=9_900 + 9_900 / 64 + 1).contains(&p99), "{p99}");
-        assert_eq!(h.quantile(1.0), Some(10_000));
-        assert_eq!(Histogram::new().quantile(0.5), None);
-        // Every value lands in a bucket whose upper bound is not below it.
-        for us in [0u64, 63, 64, 65, 127, 128, 1_000_003, u64::from(u32::MAX)] {
-            let i = Histogram::index(us);
-            assert!(Histogram::upper(i) >= us, "{us}");
-            assert!(i == 0 || Histogram::upper(i - 1) < us, "{us}");
-        }
-    }
 }
