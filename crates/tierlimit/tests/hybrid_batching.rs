@@ -62,6 +62,8 @@ async fn warm_limiter() -> (RedisServer, Arc<HybridLimiter>, RuleSet) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_failed_batch_is_one_failure_for_the_breaker() {
+    // Timed against the deadline: alone in this binary.
+    let _serial = tierlimit_test::serial().await;
     let (server, limiter, set) = warm_limiter().await;
 
     server.pause();
@@ -110,6 +112,8 @@ async fn a_failed_batch_is_one_failure_for_the_breaker() {
 /// and 6), four failures in a row.
 #[tokio::test(flavor = "current_thread")]
 async fn timed_out_batches_count_for_the_breaker() {
+    // Timed against the deadline: alone in this binary.
+    let _serial = tierlimit_test::serial().await;
     let (server, limiter, set) = warm_limiter().await;
 
     server.pause();
