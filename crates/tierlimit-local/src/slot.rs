@@ -229,10 +229,13 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
                     let f = 1.0 - (room - current as f64) / previous as f64;
                     (f * period as f64).ceil() as u64 - (now - start)
                 } else {
+                    // At most one window on: the current count has gone by
+                    // then, and a cost above the share (`room` < 0) waits no
+                    // longer than for an empty window.
                     let f = if current == 0 {
                         0.0
                     } else {
-                        (1.0 - room / current as f64).max(0.0)
+                        (1.0 - room / current as f64).clamp(0.0, 1.0)
                     };
                     to_end + (f * period as f64).ceil() as u64
                 };

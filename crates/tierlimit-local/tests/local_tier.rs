@@ -795,6 +795,46 @@ fn a_cost_above_the_share_is_denied_however_large() {
     assert!(allowed(local.check("k", &set, 52_000, 5, true)));
 }
 
+/// The window algorithms' local slots, given a cost above the share (but
+/// within the rule): denied, with a retry-after no later than when the
+/// window is empty. The sliding window's wait grew with the cost over the
+/// count (a billion a day over 4 instances, one unit counted, a cost of half
+/// a billion: 250,000,001 days), and its sum overflowed: a panic in debug
+/// builds, a wrapped retry-after in release.
+#[test]
+fn a_window_cost_above_the_share_waits_at_most_until_the_window_is_empty() {
+    let (local, _) = tier(LocalConfig::default());
+    for algorithm in [
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let limit = if algorithm == Algorithm::SlidingLog {
+            1_000
+        } else {
+            1_000_000_000
+        };
+        let rule = Rule::new(limit, Duration::from_secs(86_400), algorithm).expect("valid");
+        let set = RuleSet::new("w", [rule]).expect("valid");
+        let key = format!("{algorithm:?}");
+        assert!(
+            allowed(local.check(&key, &set, 1, 4, true)),
+            "{algorithm:?}"
+        );
+        let cost = limit / 2;
+        set.validate_cost(cost).expect("within the rule's capacity");
+        let LocalAnswer::Decided(d) = local.check(&key, &set, cost, 4, true) else {
+            panic!("{algorithm:?}: the bucket decides");
+        };
+        assert!(!d.allowed, "{algorithm:?}: {d:?}");
+        let retry = d.retry_after.expect("a denial says when");
+        assert!(
+            retry <= Duration::from_secs(2 * 86_400),
+            "{algorithm:?}: retry after {retry:?}"
+        );
+    }
+}
+
 /// A limit cut from a million a day to 2 with the million used carries the
 /// cell to far beyond u64's nanoseconds (saturated): the next check's add
 /// wrapped there, and it was admitted.
