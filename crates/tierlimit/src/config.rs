@@ -226,8 +226,20 @@ impl Config {
     /// [`ConfigError`] too, whose one problem has an empty path.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::io(format!("cannot read {}: {e}", path.display())))?;
+        Config::from_file_bytes(path, std::fs::read(path))
+    }
+
+    /// The config in `read`, what reading the file at `path` gave: what
+    /// [`load`](Self::load) does once the file is read, for a caller that
+    /// compares the bytes it read (the watcher) and must parse those same
+    /// bytes, not a second read's.
+    pub(crate) fn from_file_bytes(
+        path: &Path,
+        read: std::io::Result<Vec<u8>>,
+    ) -> Result<Config, ConfigError> {
+        let cannot =
+            |e: &dyn fmt::Display| ConfigError::io(format!("cannot read {}: {e}", path.display()));
+        let text = String::from_utf8(read.map_err(|e| cannot(&e))?).map_err(|e| cannot(&e))?;
         let dir = path.parent().unwrap_or(Path::new(""));
         parse(&text, Some(dir))
     }

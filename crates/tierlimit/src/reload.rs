@@ -99,19 +99,28 @@ impl Inner {
         Ok(report)
     }
 
-    /// Whether the file at `path` loads to the config in force.
+    /// Whether `loaded` is the config in force.
     #[cfg(feature = "watch")]
-    fn is_in_force(&self, path: &Path) -> bool {
-        let loaded = Config::load(path).ok();
+    fn is_in_force(&self, loaded: &Result<Config, ConfigError>) -> bool {
         let in_force = self
             .in_force
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        loaded.is_some() && *in_force == loaded
+        loaded.as_ref().is_ok_and(|c| in_force.as_ref() == Some(c))
     }
 
     pub(crate) fn reload_file(&self, path: &Path) -> Result<ReloadReport, ConfigError> {
-        match Config::load(path) {
+        self.reload_loaded(path, Config::load(path))
+    }
+
+    /// Puts `loaded`, the file at `path` as it was read, in force, or logs
+    /// and counts why it cannot be.
+    fn reload_loaded(
+        &self,
+        path: &Path,
+        loaded: Result<Config, ConfigError>,
+    ) -> Result<ReloadReport, ConfigError> {
+        match loaded {
             Ok(config) => self.reload(&config).map_err(ConfigError::from_error),
             Err(e) => {
                 self.labels.reload(false);
@@ -141,12 +150,15 @@ mod watch {
     use tokio::sync::mpsc;
     use tokio::task::JoinHandle;
 
-    use crate::config::ConfigError;
-    use crate::limiter::{HybridLimiter, Inner};
+    use crate::config::{Config, ConfigError};
+    use crate::limiter::{HybridLimiter, Inner, in_range};
 
     /// The longest a reload waits for quiet, in debounces after the first
     /// change it follows: see [`HybridLimiter::watch_config`].
     const MAX_DEBOUNCES: u32 = 10;
+
+    /// The longest debounce [`HybridLimiter::watch_config`] takes.
+    const MAX_DEBOUNCE: Duration = Duration::from_secs(60 * 60);
 
     /// Watches a config file and reloads the limiter when it changes; see
     /// [`HybridLimiter::watch_config`]. Dropping it stops watching.
@@ -178,14 +190,15 @@ mod watch {
         /// in force (the one the limiter was built from or last reloaded):
         /// a change made before the watch began is not missed. Each
         /// reload is [`reload_file`](Self::reload_file): a file that does not
-        /// load keeps the config in force, and is logged and counted, once
-        /// until its bytes change.
+        /// load (or no longer exists) keeps the config in force, and is
+        /// logged and counted, once until its bytes change.
         ///
         /// Needs a Tokio runtime; the `watch` feature (on by default).
         ///
         /// # Errors
         ///
-        /// A [`ConfigError`] when the file's directory cannot be watched.
+        /// A [`ConfigError`] when the file's directory cannot be watched, or
+        /// `debounce` is longer than an hour.
         pub fn watch_config(
             &self,
             path: impl AsRef<Path>,
@@ -195,6 +208,11 @@ mod watch {
             let cannot = |e: &dyn std::fmt::Display| {
                 ConfigError::io(format!("cannot watch {}: {e}", path.display()))
             };
+            // A reload waits at most `MAX_DEBOUNCES` debounces: past an hour
+            // that deadline could leave the clock's range (a panic in the
+            // task, and no reload ever after).
+            in_range("debounce", debounce, Duration::ZERO, MAX_DEBOUNCE)
+                .map_err(ConfigError::from_error)?;
             let dir = match path.parent() {
                 Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
                 _ => PathBuf::from("."),
@@ -205,7 +223,8 @@ mod watch {
             let mut watcher = notify::recommended_watcher(move |event: notify::Result<Event>| {
                 // The task compares the file's bytes. The receiver is gone
                 // only when the watch is dropped.
-                if event.is_ok_and(|e| may_change(&e, &name)) {
+                // An error may have hidden a change: compare the bytes.
+                if event.is_err() || event.is_ok_and(|e| may_change(&e, &name)) {
                     let _ = tx.send(());
                 }
             })
@@ -213,7 +232,10 @@ mod watch {
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
                 .map_err(|e| cannot(&e))?;
-            let task = handle.spawn(run(Arc::downgrade(self.inner()), path, debounce, rx));
+            // Read here, once the directory is watched, not in the task: a
+            // change after this returns is then one the watcher sees.
+            let read = std::fs::read(&path);
+            let task = handle.spawn(run(Arc::downgrade(self.inner()), path, read, debounce, rx));
             Ok(ConfigWatch {
                 _watcher: watcher,
                 task,
@@ -228,6 +250,11 @@ mod watch {
     /// Anything created, removed or renamed may be: a Kubernetes config map
     /// swaps a symlink (`..data`) the file's path goes through.
     fn may_change(event: &Event, name: &OsString) -> bool {
+        if event.need_rescan() {
+            // Events were lost (the kernel's queue overflowed): any of them
+            // may have been the file's.
+            return true;
+        }
         match event.kind {
             EventKind::Access(_) => false,
             EventKind::Create(_)
@@ -243,20 +270,30 @@ mod watch {
     async fn run(
         inner: Weak<Inner>,
         path: PathBuf,
+        read: std::io::Result<Vec<u8>>,
         debounce: Duration,
         mut events: mpsc::UnboundedReceiver<()>,
     ) {
-        // The file as it is now, against the config in force: a change made
-        // between loading the file and watching it is applied now, not at
-        // the file's next change (nor ever, were that never to come).
-        let mut last = std::fs::read(&path).ok();
-        match inner.upgrade() {
-            Some(inner) if last.is_some() && !inner.is_in_force(&path) => {
-                let _ = inner.reload_file(&path);
+        // The file as the watch started, against the config in force: a
+        // change made between loading the file and watching it is applied
+        // now, not at the file's next change (nor ever, were that never to
+        // come).
+        //
+        // The bytes last read, None when the file could not be read: each
+        // read is compared with it, and what a reload parses is that same
+        // read (a second one could see a later write, and the bytes
+        // remembered would not be what was put in force or rejected).
+        let mut last = read.as_ref().ok().cloned();
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        if last.is_some() {
+            let loaded = Config::from_file_bytes(&path, read);
+            if !strong.is_in_force(&loaded) {
+                let _ = strong.reload_loaded(&path, loaded);
             }
-            Some(_) => {}
-            None => return,
         }
+        drop(strong);
         while events.recv().await.is_some() {
             // Quiet for `debounce` before reading: one reload per burst of
             // writes, and one at the latest after `MAX_DEBOUNCES`.
@@ -272,16 +309,37 @@ mod watch {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
-            let now = std::fs::read(&path).ok();
-            if now.is_some() && now == last {
+            let read = std::fs::read(&path);
+            let now = read.as_ref().ok();
+            // Remembered whether it loads or not, or could not be read: a
+            // bad or missing file is rejected (logged and counted) once, not
+            // again at every wake until fixed.
+            if now == last.as_ref() {
                 continue;
             }
-            // Remembered whether it loads or not: a bad file is rejected
-            // (logged and counted) once, not again at every wake until fixed.
-            let _ = inner.reload_file(&path);
-            if now.is_some() {
-                last = now;
-            }
+            last = now.cloned();
+            let _ = inner.reload_loaded(&path, Config::from_file_bytes(&path, read));
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use notify::event::{CreateKind, Flag};
+
+        use super::*;
+
+        /// Lost events (the kernel's queue overflowed) say nothing of which
+        /// file changed: the watcher compares the file's bytes again. A
+        /// rescan names no path, and was taken for another file's event.
+        #[test]
+        fn a_rescan_may_have_changed_the_file() {
+            let name = OsString::from("tierlimit.toml");
+            let rescan = Event::new(EventKind::Other).set_flag(Flag::Rescan);
+            assert!(may_change(&rescan, &name));
+            let other = Event::new(EventKind::Other);
+            assert!(!may_change(&other, &name), "no path, no rescan");
+            let created = Event::new(EventKind::Create(CreateKind::File));
+            assert!(may_change(&created, &name));
         }
     }
 }

@@ -509,3 +509,69 @@ async fn a_change_made_before_the_watch_is_applied_when_it_starts() {
     );
     assert_eq!(reloads("watch-late", "applied"), 1);
 }
+
+/// A debounce the watcher could not add to the clock is refused when the
+/// watch starts: `Duration::MAX` was taken, and the first change panicked
+/// the watcher's task, which reloaded nothing ever after.
+#[cfg(feature = "watch")]
+#[tokio::test]
+async fn a_watch_whose_debounce_is_too_long_is_refused() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch-long");
+    write(&dir.file(), &file(&server.url(), "watch-long", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    for debounce in [Duration::MAX, Duration::from_secs(3601)] {
+        let e = limiter
+            .watch_config(dir.file(), debounce)
+            .expect_err("an unbounded debounce");
+        assert!(e.to_string().contains("debounce"), "{e}");
+    }
+    limiter
+        .watch_config(dir.file(), Duration::from_secs(3600))
+        .expect("an hour's debounce");
+}
+
+/// A file removed is rejected once, not again at every event in its
+/// directory while it stays away: a missing file's bytes were never
+/// remembered, so each wake read "nothing", rejected and counted it anew.
+/// Put back, it is applied.
+#[cfg(feature = "watch")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_file_is_rejected_once() {
+    let server = RedisServer::start();
+    let dir = Dir::new("watch-gone");
+    write(&dir.file(), &file(&server.url(), "watch-gone", "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let _watch = limiter
+        .watch_config(dir.file(), Duration::from_millis(20))
+        .expect("watch the file's directory");
+    std::fs::remove_file(dir.file()).expect("remove the file");
+    assert!(
+        eventually(Duration::from_secs(10), || reloads(
+            "watch-gone",
+            "rejected"
+        ) >= 1)
+        .await,
+        "the removed file was not seen within 10 s"
+    );
+    // Files made and removed beside it (each an event the watcher must
+    // look at), each time long enough for the watcher to act (what must
+    // not happen has no sign to wait for); then the file comes back.
+    for i in 0..5 {
+        let other = dir.0.join(format!("other-{i}.txt"));
+        std::fs::write(&other, "x").expect("write another file");
+        std::fs::remove_file(&other).expect("remove it");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    write(&dir.file(), &file(&server.url(), "watch-gone", "9/h", ""));
+    assert!(
+        eventually(Duration::from_secs(10), || login_limit(&limiter) == Some(9)).await,
+        "the file put back was not applied within 10 s"
+    );
+    assert_eq!(login_limit(&limiter), Some(9));
+    assert_eq!(
+        reloads("watch-gone", "rejected"),
+        1,
+        "one removal, rejected again and again"
+    );
+}
