@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tierlimit::{Decision, RuleSet, RuleState};
+use tierlimit::{Decision, Rule, RuleSet, RuleState};
 
 /// Which rate-limit headers every checked response carries (allowed or not).
 ///
@@ -15,7 +15,9 @@ use tierlimit::{Decision, RuleSet, RuleState};
 ///   [draft-ietf-httpapi-ratelimit-headers-10](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/10/):
 ///   `RateLimit-Policy` with one item per rule of the set, named
 ///   `"<set>.<rule index>"`, with `q` (the rule's limit) and `w` (its period
-///   in seconds, rounded up), e.g.
+///   in seconds; a period that is not whole seconds is advertised over the
+///   shortest whole-second window holding it, `q` then being what the rule
+///   admits in that window, rounded down: 5 per 100 ms is `q=50;w=1`), e.g.
 ///   `RateLimit-Policy: "api.0";q=10;w=60, "api.1";q=100;w=3600`; and
 ///   `RateLimit` with one item per rule, `r` (remaining) and `t` (seconds
 ///   until it is full again, rounded up), e.g.
@@ -68,13 +70,29 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// A rule's quota over a window of whole seconds, as the draft's `w` must
+/// be: its own limit and period when the period is whole seconds; else the
+/// shortest whole-second window holding a period, and the units admitted in
+/// it at the rule's rate, rounded down (5 per 100 ms is 50 per second, and
+/// 20 per 1.5 s is 26 per 2 s: a client pacing itself by it stays within the
+/// rule). Never 0: the window is at least a period long.
+fn quota_per_whole_seconds(rule: &Rule) -> (u64, u64) {
+    let period_us = rule.period_micros();
+    let window = ceil_secs(rule.period()).max(1);
+    if period_us == window * 1_000_000 {
+        return (rule.limit(), window);
+    }
+    let quota = u128::from(rule.limit()) * u128::from(window) * 1_000_000 / u128::from(period_us);
+    (u64::try_from(quota).unwrap_or(u64::MAX), window)
+}
+
 /// `Retry-After`: whole seconds, rounded up, at least 1 (a client told 0
 /// retries at once and is denied again).
 pub(crate) fn retry_after_secs(d: &Decision) -> u64 {
     ceil_secs(d.retry_after.unwrap_or(d.reset_after)).max(1)
 }
 
-/// `"<set>.<i>";q=<limit>;w=<period>` per rule: fixed per rule set, so
+/// `"<set>.<i>";q=<quota>;w=<window>` per rule: fixed per rule set, so
 /// rendered once when the layer is built.
 pub(crate) fn policy_value(set: &RuleSet) -> HeaderValue {
     let mut out = String::new();
@@ -82,13 +100,8 @@ pub(crate) fn policy_value(set: &RuleSet) -> HeaderValue {
         if i > 0 {
             out.push_str(", ");
         }
-        let _ = write!(
-            out,
-            "\"{}.{i}\";q={};w={}",
-            set.name(),
-            rule.limit(),
-            ceil_secs(rule.period()).max(1)
-        );
+        let (quota, window) = quota_per_whole_seconds(rule);
+        let _ = write!(out, "\"{}.{i}\";q={quota};w={window}", set.name());
     }
     // A rule set's name is [A-Za-z0-9_.-]: always a valid header value.
     HeaderValue::try_from(out).unwrap_or_else(|_| HeaderValue::from_static(""))
@@ -167,7 +180,7 @@ fn base64(bytes: &[u8], out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tierlimit::{Rule, Tier};
+    use tierlimit::Tier;
 
     #[test]
     fn base64_matches_rfc4648_vectors() {
@@ -184,6 +197,29 @@ mod tests {
             base64(input.as_bytes(), &mut out);
             assert_eq!(out, expected, "{input}");
         }
+    }
+
+    /// The draft's window is whole seconds: a rule of 5 per 100 ms was
+    /// advertised as 5 per second (`w` rounded up, `q` kept), a tenth of
+    /// what it admits.
+    #[test]
+    fn a_period_of_a_fraction_of_a_second_is_advertised_per_whole_seconds() -> tierlimit::Result<()>
+    {
+        let rule = |limit, ms| Rule::with_period(limit, Duration::from_millis(ms));
+        let set = RuleSet::new(
+            "fine",
+            [
+                rule(5, 100)?,
+                rule(20, 1_500)?,
+                rule(1, 2_500)?,
+                rule(7, 2_000)?,
+            ],
+        )?;
+        assert_eq!(
+            policy_value(&set),
+            "\"fine.0\";q=50;w=1, \"fine.1\";q=26;w=2, \"fine.2\";q=1;w=3, \"fine.3\";q=7;w=2"
+        );
+        Ok(())
     }
 
     #[test]
