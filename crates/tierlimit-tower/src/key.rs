@@ -86,9 +86,19 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
 /// user id set by an authenticating proxy or middleware in front.
 ///
 /// A value longer than [`tierlimit_core::MAX_KEY_LEN`] or holding anything but
-/// visible ASCII and spaces is an [`InvalidKey`]; an empty value or a missing
-/// header is no key. The value is stored in Redis as part of the key: put a
-/// header that holds a secret behind a hash of your own if that matters.
+/// visible ASCII and spaces is an [`InvalidKey`], and so is a header sent more
+/// than once (which copy would count is a guess a client could exploit: a
+/// proxy that appends its own after the client's); an empty value or a
+/// missing header is no key. The value is stored in Redis as part of the
+/// key: put a header that holds a secret behind a hash of your own if that
+/// matters.
+///
+/// The value is taken as it arrives: a client that sends a new one with
+/// every request is a new key each time, with a whole quota of its own (and
+/// Redis keys of its own until they expire). Key by a header only where
+/// something in front sets it and removes what clients sent (an
+/// authenticating proxy), or where [`FirstOf`] reaches it only after the
+/// value was verified; key unauthenticated traffic by [`ClientIp`].
 ///
 /// # Examples
 ///
@@ -145,9 +155,13 @@ impl HeaderKey {
 
 impl KeyExtractor for HeaderKey {
     fn extract(&self, parts: &Parts) -> KeyResult {
-        let Some(value) = parts.headers.get(&self.header) else {
+        let mut values = parts.headers.get_all(&self.header).iter();
+        let Some(value) = values.next() else {
             return Ok(None);
         };
+        if values.next().is_some() {
+            return Err(InvalidKey::new("the key header is sent more than once"));
+        }
         let bytes = value.as_bytes();
         if bytes.is_empty() {
             return Ok(None);
@@ -516,6 +530,22 @@ mod tests {
         assert!(key.extract(&p).is_err());
         let tab = parts(&[("x-api-key", "a\tb")], None);
         assert!(key.extract(&tab).is_err());
+    }
+
+    /// A key header sent twice (the client's, then a proxy's appended) is
+    /// refused: the first copy, the client's, was the key, so a client could
+    /// pick its own.
+    #[test]
+    fn a_key_header_sent_twice_is_refused() {
+        let key = seed();
+        let twice = parts(
+            &[("x-api-key", "client-chose"), ("x-api-key", "proxy-set")],
+            Some("192.0.2.1:1"),
+        );
+        let e = key.extract(&twice).expect_err("an ambiguous key");
+        assert!(e.to_string().contains("more than once"), "{e}");
+        let once = parts(&[("x-api-key", "proxy-set")], Some("192.0.2.1:1"));
+        assert_eq!(key.extract(&once), Ok(Some("api:proxy-set".into())));
     }
 
     #[test]
