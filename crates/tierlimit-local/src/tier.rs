@@ -452,7 +452,8 @@ fn in_use(engine: &RuleEngine, rule: &Rule, state: &State, now: Now) -> u64 {
 #[derive(Debug, Clone)]
 struct Denial {
     /// When the cache lets the key ask Redis again: a little before
-    /// `retry_until_us` (see [`DENIAL_SPREAD`]).
+    /// `retry_until_us` (see [`DENIAL_SPREAD`]). Both times are on the
+    /// monotonic clock, in µs.
     until_us: u64,
     /// When Redis said a retry could be admitted.
     retry_until_us: u64,
@@ -1332,7 +1333,10 @@ impl LocalTier {
         let Some(retry) = decision.retry_after else {
             return;
         };
-        let now = self.clock.unix_micros();
+        // On the monotonic clock: a retry-after is a span, and a wall clock
+        // stepped back would keep the key off Redis (and tell its clients to
+        // wait) that much longer.
+        let now = self.mono_ns() / 1_000;
         let retry_us = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
         let retry_until_us = now.saturating_add(retry_us);
         let spread = |denial: &mut Denial| {
@@ -1391,7 +1395,7 @@ impl LocalTier {
 
     #[inline(never)]
     fn cached_denial_of(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
-        let now = self.clock.unix_micros();
+        let now = self.mono_ns() / 1_000;
         let probe = Probe::new(set, escaped_key);
         let (until_us, retry_until_us, d_cost, mut decision) = {
             let d = self.denials.get(&probe)?;
@@ -1451,7 +1455,7 @@ impl LocalTier {
             // a later prune finds room or it is idle.
             !(self.superseded(key, b, now) || self.keep_as_seed(key, b, now))
         });
-        self.denials.retain(|_, d| d.retry_until_us > now.unix_us);
+        self.denials.retain(|_, d| d.retry_until_us > now.mono_ns / 1_000);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
         self.sets.prune();

@@ -597,6 +597,46 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
     }
 }
 
+/// A cached Redis denial lasts its retry-after on the monotonic clock: it
+/// kept its times on the wall clock, so a wall clock stepped back an hour
+/// kept the key off Redis for that hour more (Redis would have admitted it
+/// after 200 ms), and told its client to wait an hour.
+#[test]
+fn a_stepped_wall_clock_does_not_change_how_long_a_denial_is_cached() {
+    for step_us in [3_600_000_000, -3_600_000_000] {
+        let (local, clock) = stepping(FakeClock::new(1_700_000_000_000_000));
+        let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
+        let retry = Duration::from_millis(200);
+        let denied = Decision::denied(10, Duration::from_secs(60), retry, 0, Tier::Redis);
+        local.cache_denial("k", &set, 1, &denied);
+        clock.step_us.store(step_us, Ordering::Relaxed);
+        clock.inner.advance(Duration::from_millis(50));
+        let cached = local.cached_denial("k", &set, 1);
+        let left = cached.and_then(|d| d.retry_after);
+        assert!(
+            left.is_some_and(|left| left <= Duration::from_millis(150)),
+            "stepped {step_us} µs: 50 ms into a 200 ms retry-after, {cached:?}"
+        );
+        local.prune();
+        assert_eq!(
+            local.denial_count(),
+            1,
+            "stepped {step_us} µs: pruned while in force"
+        );
+        clock.inner.advance(retry);
+        assert!(
+            local.cached_denial("k", &set, 1).is_none(),
+            "stepped {step_us} µs: still cached 250 ms into a 200 ms retry-after"
+        );
+        local.prune();
+        assert_eq!(
+            local.denial_count(),
+            0,
+            "stepped {step_us} µs: kept past its retry-after"
+        );
+    }
+}
+
 /// A window's counts stay when the wall clock steps back across its start:
 /// they were reset to none, so the key got the window before's limit again,
 /// and once the clock was back in the window, that limit a third time. (And
