@@ -1455,7 +1455,8 @@ impl LocalTier {
             // a later prune finds room or it is idle.
             !(self.superseded(key, b, now) || self.keep_as_seed(key, b, now))
         });
-        self.denials.retain(|_, d| d.retry_until_us > now.mono_ns / 1_000);
+        self.denials
+            .retain(|_, d| d.retry_until_us > now.mono_ns / 1_000);
         self.warm.retain(|_, w| w.expires_us > now.unix_us);
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
         self.sets.prune();
