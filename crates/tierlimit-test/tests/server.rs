@@ -141,14 +141,18 @@ fn a_restart_never_takes_another_servers_answer_for_its_own() {
     ours.kill9();
     let dir = std::env::temp_dir().join(format!("tierlimit-foreign-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch dir");
-    let mut foreign = std::process::Command::new("redis-server")
+    // The binary the harness starts (README: TIERLIMIT_REDIS_SERVER names it).
+    let binary = std::env::var("TIERLIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let mut foreign = std::process::Command::new(&binary)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(&dir)
         .stdout(std::process::Stdio::null())
         .spawn()
-        .expect("redis-server runs (scripts/ensure-redis installs it)");
+        .unwrap_or_else(|e| {
+            panic!("{binary} does not run ({e}): scripts/ensure-redis installs redis-server")
+        });
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("valid URL");
     let started = std::time::Instant::now();
     while client
