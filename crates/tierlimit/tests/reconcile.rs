@@ -261,8 +261,12 @@ async fn a_quota_used_locally_is_not_handed_out_again() {
 }
 
 /// Acceptance 3: Redis hangs again halfway through a drain; no entry is lost,
-/// none applied twice (the batch in flight runs when Redis resumes and is then
-/// re-sent with the same id), and the drain completes after the next recovery.
+/// none applied twice, and the drain completes after the next recovery. A
+/// batch in flight at the hang, when there is one (the drain sends in bursts,
+/// so not in every run), runs when Redis resumes and is then re-sent under
+/// its id: the exact count per key below holds either way. That a batch
+/// re-sent under its id applies nothing is `tierlimit-redis`'s
+/// `reconcile.rs ledger_units_count_once`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_interrupted_by_a_second_outage_completes_exactly() {
     let _serial = tierlimit_test::serial().await;
@@ -334,7 +338,6 @@ async fn a_drain_interrupted_by_a_second_outage_completes_exactly() {
         &wrong[..wrong.len().min(5)]
     );
     assert_eq!(stats.reconciled_units, KEYS);
-    assert!(stats.batches_retried >= 1 || halfway.batches * 64 >= halfway.reconciled_units);
 }
 
 /// Acceptance 4: entries whose window passed during the outage are dropped and
