@@ -12,7 +12,7 @@ use tierlimit_core::{Algorithm, Clock, FakeClock, Rule, RuleSet, SystemClock};
 use tierlimit_redis::{RedisTier, TimeSource};
 use tierlimit_test::RedisServer;
 
-use support::{set, tier_with};
+use support::{set, slowlog_reset, tier_with};
 
 const SKEW: Duration = Duration::from_secs(30);
 
@@ -49,15 +49,66 @@ const ONE_LIMITER: [bool; 10] = [
     true, true, true, true, true, false, false, false, false, false,
 ];
 
+/// How many arguments of the script calls in the slow log since
+/// [`slowlog_reset`] are a time in µs within an hour of this host's clock:
+/// a client's clock sent to the script.
+async fn host_times_sent(conn: &mut redis::aio::MultiplexedConnection) -> usize {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("SLOWLOG GET");
+    let now = SystemClock.unix_micros();
+    let hour = 3_600_000_000;
+    let mut sent = 0;
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            panic!("slow log entry {entry:?}");
+        };
+        let Some(redis::Value::Array(args)) = fields.get(3) else {
+            panic!("slow log entry {fields:?}");
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("slow log argument {other:?}"),
+        };
+        let command = args
+            .first()
+            .map(text)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if !(command.starts_with("fcall") || command.starts_with("eval")) {
+            continue;
+        }
+        sent += args
+            .iter()
+            .map(text)
+            .filter_map(|a| a.parse::<u64>().ok())
+            .filter(|us| us.abs_diff(now) < hour)
+            .count();
+    }
+    sent
+}
+
 #[tokio::test]
 async fn server_time_ignores_skewed_clocks() {
     let server = RedisServer::start();
+    let mut conn = server.conn().await;
     let deadline = Duration::from_secs(2);
     // In server mode the tiers are given no clock at all: nothing they could
     // read from their hosts reaches the script, whatever those clocks say.
     let a = tier_with(&server.url(), deadline, TimeSource::Server);
     let b = tier_with(&server.url(), deadline, TimeSource::Server);
+    slowlog_reset(&mut conn).await;
     assert_eq!(take_turns(&a, &b, "server").await, ONE_LIMITER);
+    // Two tiers on one host agree on the time whatever they send: what
+    // shows the script read Redis' own is that no call carried the host's.
+    assert_eq!(
+        host_times_sent(&mut conn).await,
+        0,
+        "a server-time tier sent the script a time"
+    );
 
     let a = tier_with(
         &server.url(),
@@ -65,7 +116,12 @@ async fn server_time_ignores_skewed_clocks() {
         TimeSource::Client(skewed(Duration::ZERO)),
     );
     let b = tier_with(&server.url(), deadline, TimeSource::Client(skewed(SKEW)));
+    slowlog_reset(&mut conn).await;
     let skewed_run = take_turns(&a, &b, "client").await;
+    assert!(
+        host_times_sent(&mut conn).await >= 10,
+        "the client-time tiers' times are not seen in their calls' arguments"
+    );
     eprintln!("client time, 30 s apart: {skewed_run:?}");
     assert_ne!(
         skewed_run, ONE_LIMITER,
