@@ -313,42 +313,13 @@ impl Config {
 
     /// The settings that only apply when a limiter is built (everything but
     /// the rule sets and the default policy) whose values differ in `new`,
-    /// by their path in the file.
+    /// by their path in the file. Compared as the builders they make, so a
+    /// setting left out equals its default written out.
     pub(crate) fn restart_changes(&self, new: &Config) -> Vec<String> {
-        let fields: [(&str, bool); 16] = [
-            ("redis.url", self.redis_url != new.redis_url),
-            ("redis.deadline", self.deadline != new.deadline),
-            ("redis.client_time", self.client_time != new.client_time),
-            ("redis.max_batch", self.max_batch != new.max_batch),
-            ("redis.tls_ca_file", self.tls_ca != new.tls_ca),
-            (
-                "redis.tls_client_cert_file",
-                self.tls_client != new.tls_client,
-            ),
-            ("limiter.name", self.name != new.name),
-            ("limiter.group", self.group != new.group),
-            (
-                "limiter.overflow_policy",
-                self.overflow_policy != new.overflow_policy,
-            ),
-            ("limiter.instances", self.instances != new.instances),
-            (
-                "limiter.heartbeat_every",
-                self.heartbeat_every != new.heartbeat_every,
-            ),
-            (
-                "limiter.instance_ttl",
-                self.instance_ttl != new.instance_ttl,
-            ),
-            ("limiter.prune_every", self.prune_every != new.prune_every),
-            ("breaker", self.breaker != new.breaker),
-            ("local", self.local != new.local),
-            ("reconcile", self.reconcile != new.reconcile),
-        ];
-        fields
+        self.builder()
+            .start_changes(&new.builder())
             .into_iter()
-            .filter(|(_, changed)| *changed)
-            .map(|(path, _)| path.to_owned())
+            .map(str::to_owned)
             .collect()
     }
 

@@ -131,6 +131,57 @@ impl std::fmt::Debug for RedisTls {
 }
 
 impl HybridLimiterBuilder {
+    /// The settings that only apply when a limiter is built whose values
+    /// differ in `new`, by their path in a config file (see
+    /// [`Config::restart_changes`](crate::Config)).
+    #[cfg(feature = "config")]
+    pub(crate) fn start_changes(&self, new: &HybridLimiterBuilder) -> Vec<&'static str> {
+        let url = |b: &HybridLimiterBuilder| b.redis_url.as_ref().map(|u| u.0.clone());
+        let mut fields = vec![
+            ("redis.url", url(self) != url(new)),
+            ("redis.deadline", self.deadline != new.deadline),
+            ("redis.client_time", self.client_time != new.client_time),
+            ("redis.max_batch", self.max_batch != new.max_batch),
+        ];
+        #[cfg(feature = "tls")]
+        fields.extend([
+            (
+                "redis.tls_ca_file",
+                self.redis_tls.root_pem != new.redis_tls.root_pem,
+            ),
+            (
+                "redis.tls_client_cert_file",
+                self.redis_tls.client != new.redis_tls.client,
+            ),
+        ]);
+        fields.extend([
+            ("limiter.name", self.name != new.name),
+            ("limiter.group", self.group != new.group),
+            (
+                "limiter.overflow_policy",
+                self.overflow_policy != new.overflow_policy,
+            ),
+            ("limiter.instances", self.instances != new.instances),
+            (
+                "limiter.heartbeat_every",
+                self.heartbeat_every != new.heartbeat_every,
+            ),
+            (
+                "limiter.instance_ttl",
+                self.instance_ttl != new.instance_ttl,
+            ),
+            ("limiter.prune_every", self.prune_every != new.prune_every),
+            ("breaker", self.breaker != new.breaker),
+            ("local", self.local != new.local),
+            ("reconcile", self.reconcile != new.reconcile),
+        ]);
+        fields
+            .into_iter()
+            .filter(|(_, changed)| *changed)
+            .map(|(path, _)| path)
+            .collect()
+    }
+
     /// Rule sets the limiter holds by name, for
     /// [`check_by_name`](HybridLimiter::check_by_name), replaced whole by a
     /// [reload](HybridLimiter::replace_rule_sets). Calls add up; two sets of

@@ -305,6 +305,27 @@ async fn a_reloaded_default_policy_answers_sets_without_their_own() {
     assert_eq!(d.tier, tierlimit::Tier::FailOpen, "{d:?}");
 }
 
+/// A start-only setting written out at its default is no change from the
+/// same setting left out: each was compared as written, so a file that
+/// spelled out `group = "default"` (or the default deadline, or a learned
+/// instance count, or the default overflow policy) asked for a restart at
+/// every reload, and the warning said settings changed that had not.
+#[tokio::test]
+async fn a_default_written_out_is_no_start_only_change() {
+    let server = RedisServer::start();
+    let text = file(&server.url(), "defaults", "5/h", "").replace("instances = 1\n", "");
+    let limiter = healthy(&Config::from_toml_str(&text).expect("valid")).await;
+    let spelled = text
+        .replace("deadline = \"50ms\"", "deadline = \"50ms\"\nclient_time = false")
+        .replace(
+            "default_policy",
+            "group = \"default\"\ninstances = \"learned\"\noverflow_policy = \"fail-closed\"\nheartbeat_every = \"1s\"\ndefault_policy",
+        );
+    let config = Config::from_toml_str(&spelled).expect("valid");
+    let report = limiter.reload(&config).expect("reload");
+    assert!(report.needs_restart.is_empty(), "{report:?}");
+}
+
 #[tokio::test]
 async fn start_only_settings_are_named_and_kept() {
     let server = RedisServer::start();
