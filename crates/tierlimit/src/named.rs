@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tierlimit_core::{Error, Result, RuleSet};
+use tierlimit_core::{Error, Policy, Result, RuleSet};
 
 /// The named rule sets of one limiter.
 #[derive(Debug)]
@@ -44,16 +44,27 @@ pub struct ReloadReport {
     /// while the file and the running limiter disagree. Empty for a reload
     /// from code, and for a limiter not built from a config.
     pub needs_restart: Vec<String>,
+    /// The default policy (for rule sets without a policy of their own)
+    /// before and after, when the reload changed it: a config reload sets
+    /// it to the file's `limiter.default_policy`, or to the default,
+    /// [`Policy::LocalFallback`], when the file has none, whatever the
+    /// limiter was built with. `None` when unchanged, and for a reload
+    /// from code, which keeps it.
+    pub default_policy: Option<(Policy, Policy)>,
     /// The generation now in force: 1 for what the limiter was built with,
     /// one more for each reload that was applied.
     pub generation: u64,
 }
 
 impl ReloadReport {
-    /// True when no rule set was added, removed or changed (start-only
-    /// settings named in [`needs_restart`](Self::needs_restart) aside).
+    /// True when no rule set was added, removed or changed, and the
+    /// default policy was not (start-only settings named in
+    /// [`needs_restart`](Self::needs_restart) aside).
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.changed.is_empty()
+            && self.default_policy.is_none()
     }
 }
 

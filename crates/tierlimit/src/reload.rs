@@ -86,8 +86,17 @@ impl Inner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut report = self.replace_rule_sets(resolved_sets(config))?;
-        self.default_policy
-            .set(config.default_policy().unwrap_or_default());
+        let (before, after) = (
+            self.default_policy.get(),
+            config.default_policy().unwrap_or_default(),
+        );
+        self.default_policy.set(after);
+        if before != after {
+            // Sets without a policy of their own (routes built in code, say)
+            // now answer an outage otherwise.
+            tracing::warn!(?before, ?after, "config reload changed the default policy");
+            report.default_policy = Some((before, after));
+        }
         *in_force = Some(config.clone());
         report.needs_restart = self.restart_changes(config);
         if !report.needs_restart.is_empty() {

@@ -326,6 +326,36 @@ async fn a_default_written_out_is_no_start_only_change() {
     assert!(report.needs_restart.is_empty(), "{report:?}");
 }
 
+/// A config reload sets the default policy to the file's, or to the
+/// default when the file has none, whatever the limiter was built with; the
+/// report says so when that changes it (it was silent: a limiter built with
+/// `FailClosed` for its unnamed sets, reloaded from a file without
+/// `default_policy`, went `LocalFallback`, and nothing told).
+#[tokio::test]
+async fn a_reload_that_changes_the_default_policy_says_so() {
+    let server = RedisServer::start();
+    let limiter = HybridLimiter::builder()
+        .redis_url(server.url())
+        .default_policy(Policy::FailClosed)
+        .build()
+        .expect("valid");
+    let text =
+        file(&server.url(), "policy", "5/h", "").replace("default_policy = \"fail-closed\"\n", "");
+    let config = Config::from_toml_str(&text).expect("valid");
+    let report = limiter.reload(&config).expect("reload");
+    assert_eq!(
+        report.default_policy,
+        Some((Policy::FailClosed, Policy::LocalFallback)),
+        "{report:?}"
+    );
+    assert!(!report.is_empty());
+    let again = limiter.reload(&config).expect("reload");
+    assert_eq!(
+        again.default_policy, None,
+        "unchanged the second time: {again:?}"
+    );
+}
+
 #[tokio::test]
 async fn start_only_settings_are_named_and_kept() {
     let server = RedisServer::start();
