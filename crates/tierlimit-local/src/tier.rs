@@ -489,8 +489,12 @@ const COUNT_BITS: u32 = 20;
 
 #[derive(Debug)]
 struct Warm {
-    seen_at_us: u64,
-    expires_us: u64,
+    /// When Redis reported, and until when the report matters, on the
+    /// monotonic clock (µs): a wall clock stepped forward since made the
+    /// report look that much older, and the buckets made from it got the
+    /// refill of the step (6 h on a daily rule, a quarter of its limit).
+    seen_mono_us: u64,
+    expires_mono_us: u64,
     /// The outage the reporting call was sent in: a bucket of an earlier
     /// outage has been written back to Redis and superseded by this report.
     outage: u64,
@@ -832,7 +836,7 @@ impl LocalTier {
         // The engine's set, not the key's: the key keeps the set that first
         // made it, whose limits may since have changed.
         let set = &engine.set;
-        let seeds = self.warm_seeds(key, set, now.unix_us);
+        let seeds = self.warm_seeds(key, set, now);
         set.rules()
             .iter()
             .zip(engine.rules.iter())
@@ -1094,10 +1098,16 @@ impl LocalTier {
             (remaining, rule.capacity(), lasts_us)
         });
         // Not a report after the bucket's outage: it supersedes no bucket.
-        self.store_seed(key.set(), key.key(), now.unix_us, bucket.outage, seeds)
+        self.store_seed(
+            key.set(),
+            key.key(),
+            now.mono_ns / 1_000,
+            bucket.outage,
+            seeds,
+        )
     }
 
-    /// Stores `escaped_key`'s warm seed as of `now_us`: per rule of `set`,
+    /// Stores `escaped_key`'s warm seed as of `now_mono_us`: per rule of `set`,
     /// the remaining units, the capacity they count against, and how long
     /// they matter (the seed lasts the longest). `outage` is the outage count
     /// it was taken at (see [`superseded`](Self::superseded)). False when
@@ -1106,13 +1116,13 @@ impl LocalTier {
         &self,
         set: &RuleSet,
         escaped_key: &str,
-        now_us: u64,
+        now_mono_us: u64,
         outage: u64,
         seeds: impl Iterator<Item = (u64, u64, u64)>,
     ) -> bool {
         let Some(mut w) = self.warm.entry_of(&self.sets, set, escaped_key, |_| Warm {
-            seen_at_us: 0,
-            expires_us: 0,
+            seen_mono_us: 0,
+            expires_mono_us: 0,
             outage: 0,
             remaining: smallvec::smallvec![(0, 0); set.rules().len()],
         }) else {
@@ -1129,8 +1139,8 @@ impl LocalTier {
             *slot = (remaining, capacity);
             longest = longest.max(lasts_us);
         }
-        w.seen_at_us = now_us;
-        w.expires_us = now_us.saturating_add(longest);
+        w.seen_mono_us = now_mono_us;
+        w.expires_mono_us = now_mono_us.saturating_add(longest);
         w.outage = outage;
         true
     }
@@ -1283,13 +1293,15 @@ impl LocalTier {
         }
     }
 
-    /// The remaining Redis last reported for each rule of `set`, and when:
-    /// reported under other limits or bursts, what was used then is kept
-    /// (`capacity - used`, at least 0).
-    fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: u64) -> Option<(u64, Vec<u64>)> {
+    /// The remaining Redis last reported for each rule of `set`, and when,
+    /// on the wall clock as it reads `now` (`now` less the report's age on
+    /// the monotonic clock): reported under other limits or bursts, what
+    /// was used then is kept (`capacity - used`, at least 0).
+    fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: Now) -> Option<(u64, Vec<u64>)> {
         let w = self.warm.get(key)?;
         let rules = set.rules();
-        (w.expires_us > now && w.remaining.len() == rules.len()).then(|| {
+        let now_mono_us = now.mono_ns / 1_000;
+        (w.expires_mono_us > now_mono_us && w.remaining.len() == rules.len()).then(|| {
             let remaining = w
                 .remaining
                 .iter()
@@ -1299,7 +1311,8 @@ impl LocalTier {
                     rule.capacity().saturating_sub(used)
                 })
                 .collect();
-            (w.seen_at_us, remaining)
+            let age_us = now_mono_us.saturating_sub(w.seen_mono_us);
+            (now.unix_us.saturating_sub(age_us), remaining)
         })
     }
 
@@ -1321,7 +1334,7 @@ impl LocalTier {
             let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
             (r, rule.capacity(), reset_us)
         });
-        self.store_seed(set, escaped_key, self.clock.unix_micros(), sent_in, seeds);
+        self.store_seed(set, escaped_key, self.mono_ns() / 1_000, sent_in, seeds);
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
@@ -1457,7 +1470,8 @@ impl LocalTier {
         });
         self.denials
             .retain(|_, d| d.retry_until_us > now.mono_ns / 1_000);
-        self.warm.retain(|_, w| w.expires_us > now.unix_us);
+        self.warm
+            .retain(|_, w| w.expires_mono_us > now.mono_ns / 1_000);
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
         self.sets.prune();
     }

@@ -637,6 +637,40 @@ fn a_stepped_wall_clock_does_not_change_how_long_a_denial_is_cached() {
     }
 }
 
+/// What Redis last reported starts an outage's bucket, aged on the
+/// monotonic clock: the report kept its time on the wall clock, so a wall
+/// clock stepped forward 6 h between the report and the outage aged it 6 h,
+/// and a daily rule Redis had spent got a quarter of its limit again (a
+/// fixed window's report fell in a window past, and the key started full).
+#[test]
+fn a_wall_clock_stepped_forward_does_not_refill_a_warm_seed() {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
+        let (local, clock) = stepping(FakeClock::new(1_700_000_000_000_000));
+        // A process up for half a day: its monotonic clock is past the step.
+        clock.inner.advance(Duration::from_secs(12 * 3_600));
+        let rule = Rule::new(1_000, Duration::from_secs(86_400), algorithm).expect("valid");
+        let set = RuleSet::new("d", [rule]).expect("valid");
+        // Redis: nothing left, full again in 20 h.
+        local.remember(
+            "k",
+            &set,
+            [(0, Duration::from_secs(20 * 3_600))].into_iter(),
+            local.outage(),
+        );
+        clock.step_us.store(6 * 3_600_000_000, Ordering::Relaxed);
+        clock.inner.advance(Duration::from_secs(1));
+        let admitted = admitted(&local, "k", &set, 1, 300);
+        assert!(
+            admitted <= 1,
+            "{algorithm:?}: {admitted} admitted 1 s after Redis said none were left"
+        );
+    }
+}
+
 /// A window's counts stay when the wall clock steps back across its start:
 /// they were reset to none, so the key got the window before's limit again,
 /// and once the clock was back in the window, that limit a third time. (And
