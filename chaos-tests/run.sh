@@ -72,8 +72,8 @@ case "$driver" in
         # no registry needed). CHAOS_IMAGES=registry uses CHAOS_REDIS_IMAGE
         # and CHAOS_APP_IMAGE as set, or the compose file's defaults
         # (redis:7.4, rust:1.88 building both programs from this workspace).
-        command -v docker >/dev/null || { echo "run.sh: docker is not installed" >&2; exit 2; }
-        docker info >/dev/null 2>&1 || { echo "run.sh: the docker engine does not answer (docker info)" >&2; exit 2; }
+        command -v docker >/dev/null || { echo "run.sh: docker is not installed: apt-get install -y docker.io docker-compose (Debian/Ubuntu), or use --driver process, which needs only redis-server" >&2; exit 2; }
+        docker info >/dev/null 2>&1 || { echo "run.sh: the docker engine does not answer (docker info): start it (systemctl start docker, or dockerd &), or use --driver process" >&2; exit 2; }
         if [ -z "${CHAOS_COMPOSE:-}" ]; then
             if docker compose version >/dev/null 2>&1; then
                 CHAOS_COMPOSE="docker compose"

@@ -10,7 +10,10 @@
 //! - [`Ledger`]: what was admitted locally while the breaker was not Closed, per
 //!   Redis key, for the reconciler to write back.
 //!
-//! Every map is bounded ([`LocalConfig`]) and pruned ([`LocalTier::prune`]).
+//! Every map of keys is bounded ([`LocalConfig`]) and pruned
+//! ([`LocalTier::prune`]); the engines (one per distinct rule set and
+//! instance count, see below) are not counted against `max_bytes`: each goes
+//! when no key holds it, at once for a key refused, else at the next prune.
 //! This crate knows nothing of Redis; the facade (`tierlimit`) joins the tiers.
 //!
 //! # Which rule runs on what
@@ -23,7 +26,9 @@
 //! | sliding log, sliding window counter | a two-window estimate ([`Engine::Window`]) |
 //!
 //! Buckets live in one bounded DashMap keyed by (rule set identity, key): one
-//! lookup per check, no allocation for a key that already has a bucket. For a
+//! lookup per check of a known key of a one-rule governor set (other sets
+//! look their engine up too), no allocation for a key that already has a
+//! bucket. For a
 //! governor rule the bucket holds governor's state, an atomic theoretical
 //! arrival time, and a governor keyed limiter per rule set holds the quota:
 //! its state store is the cell itself. That is how a bucket starts warm (the
