@@ -221,6 +221,11 @@ pub struct Timeline {
     pub killed_after_close: Option<bool>,
     /// The delay a `Latency` fault put on each packet each way, ms.
     pub latency_ms: Option<u64>,
+    /// When Redis was surely unreachable, µs: from a kill, pause or cut
+    /// having landed to the next return (or the heal) being asked for. No
+    /// probe sent in such a stretch can succeed, so no breaker that opened
+    /// in it may close before it ends.
+    pub down: Vec<(u64, u64)>,
 }
 
 /// One return of Redis within a fault phase, and the break after it: see
@@ -748,6 +753,7 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
     if sc.outage {
         judge_returns_between(ctx, logs, &all, &mut checks);
     }
+    judge_open_while_down(ctx, logs, &mut checks);
     if !sc.cluster {
         judge_redis_again(ctx, logs, &mut checks);
     }
@@ -1107,6 +1113,58 @@ fn cluster_checks(
     }
 }
 
+/// No breaker that opened while Redis was surely down closes before Redis
+/// was asked back: such a close is a probe that succeeded against nothing
+/// (a probe that only connects, say, to a paused server whose kernel still
+/// accepts), and the breaker then cycles through timeouts for the whole
+/// outage while every other bound passes. (A close that an answer sent
+/// before the break explains comes before any open in the stretch.)
+fn judge_open_while_down(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>) {
+    const BOUND: &str = "no app closes while Redis is down";
+    let down = &ctx.timeline.down;
+    if down.is_empty() {
+        return;
+    }
+    let mut opened = 0;
+    let mut closed = Vec::new();
+    for (a, log) in logs.iter().enumerate() {
+        for &(from, to) in down {
+            let in_stretch = |l: &&StateLine| l.at >= from && l.at < to;
+            let Some(open) = log
+                .states
+                .iter()
+                .filter(in_stretch)
+                .find(|l| l.state == "open")
+            else {
+                continue;
+            };
+            opened += 1;
+            if let Some(c) = log
+                .states
+                .iter()
+                .filter(in_stretch)
+                .find(|l| l.at > open.at && l.state == "closed")
+            {
+                closed.push(format!(
+                    "app {a} closed at +{:.1} ms, Redis down from +{:.1} to +{:.1} ms",
+                    c.at as f64 / 1e3,
+                    from as f64 / 1e3,
+                    to as f64 / 1e3
+                ));
+            }
+        }
+    }
+    checks.push(match (opened, closed.is_empty()) {
+        (0, _) => na(BOUND, "no app opened while Redis was down"),
+        (_, true) => check(
+            BOUND,
+            true,
+            format!("{opened} open breaker(s) stayed open until Redis was asked back"),
+        ),
+        (_, false) => check(BOUND, false, closed.join("; ")),
+    });
+}
+
 /// What shows that the fault did what it says and that every app came back
 /// to Redis: with no admission bound of their own, a run in which a limiter
 /// stayed on its fallback after a restart, or in which the latency was never
@@ -1439,6 +1497,58 @@ mod tests {
                 .any(|c| c.verdict == "FAIL" && c.bound.contains("after return 1")),
             "{late:?}"
         );
+    }
+
+    /// A breaker that closes while Redis is surely down fails the run: a
+    /// probe that succeeded against nothing (and every other bound could
+    /// pass while it cycled through timeouts). A close after Redis was asked
+    /// back, or one before any open in the stretch, is no such close.
+    #[test]
+    fn a_breaker_that_closes_while_redis_is_down_fails() {
+        let scenario = crate::scenario::all(2_500, 50)
+            .into_iter()
+            .find(|s| s.name == "hang-redis")
+            .expect("the scenario");
+        let line = |at: u64, state: &str| StateLine {
+            at,
+            state: state.into(),
+            due: (state == "open").then_some(at + 200_000),
+            since: at - 1_000,
+        };
+        let judged = |states: Vec<StateLine>| {
+            let ctx = Context {
+                scenario: &scenario,
+                driver: "test",
+                deadline_ms: 50,
+                max_cool_down_ms: 1_000,
+                keys: 1,
+                apps: 1,
+                timeline: Timeline {
+                    down: vec![(1_000_000, 3_000_000)],
+                    ..Timeline::default()
+                },
+                in_flight: 4,
+                redis_counts: HashMap::new(),
+                victim_keys: HashSet::new(),
+            };
+            let logs = [AppLog {
+                decisions: Vec::new(),
+                errors: Vec::new(),
+                states,
+                last: None,
+            }];
+            let mut checks = Vec::new();
+            judge_open_while_down(&ctx, &logs, &mut checks);
+            checks.remove(0).verdict
+        };
+        let early_close = vec![line(1_200_000, "open"), line(2_000_000, "closed")];
+        assert_eq!(judged(early_close), "FAIL");
+        let after = vec![line(1_200_000, "open"), line(3_100_000, "closed")];
+        assert_eq!(judged(after), "PASS");
+        // Closed by an answer to a call sent before the break, then opened.
+        let before_open = vec![line(1_050_000, "closed"), line(1_200_000, "open")];
+        assert_eq!(judged(before_open), "PASS");
+        assert_eq!(judged(Vec::new()), "N/A");
     }
 
     /// An app that never decides on Redis after the heal fails the run, and

@@ -68,6 +68,16 @@ impl Action {
         )
     }
 
+    /// Whether Redis surely answers nothing once it landed (not a reset,
+    /// after which the apps reconnect, nor a latency, which may stay under
+    /// the deadline).
+    pub fn silences_redis(self) -> bool {
+        matches!(
+            self,
+            Action::KillRedis | Action::PauseRedis | Action::CutNetwork
+        )
+    }
+
     /// Whether it gives the apps their Redis back.
     pub fn returns_redis(self) -> bool {
         matches!(

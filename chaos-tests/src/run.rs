@@ -346,6 +346,8 @@ fn run_inner(
     // Redis back within the fault phase, and broken again after it.
     let mut returned_at = None;
     let mut returns_between: Vec<ReturnBetween> = Vec::new();
+    // When Redis was surely down: see `Timeline::down`.
+    let mut down: Vec<(u64, u64)> = Vec::new();
     let mut next_tick = warm + 1_000;
     let mut master_lost = None;
     for (at, action) in steps {
@@ -358,6 +360,13 @@ fn run_inner(
         let asked = unix_us() - start_us;
         driver.act(action)?;
         let done = unix_us() - start_us;
+        if action.returns_redis()
+            && let Some(d) = down.last_mut().filter(|d| d.1 == 0)
+        {
+            d.1 = asked;
+        } else if action.silences_redis() && down.last().is_none_or(|d| d.1 != 0) {
+            down.push((done, 0));
+        }
         if action.returns_redis() {
             returned_at = Some(done);
             if let Some(rb) = returns_between.last_mut().filter(|rb| rb.ended_at == 0) {
@@ -402,6 +411,9 @@ fn run_inner(
     // (`docker unpause` takes up to a few hundred ms): a close is judged
     // from when the heal was asked for.
     let heal_asked = unix_us() - start_us;
+    if let Some(d) = down.last_mut().filter(|d| d.1 == 0) {
+        d.1 = heal_asked;
+    }
     for action in &sc.heal {
         let asked = unix_us() - start_us;
         driver.act(*action)?;
@@ -487,6 +499,7 @@ fn run_inner(
                 Action::Latency(ms) => Some(*ms),
                 _ => None,
             }),
+            down,
         },
         redis_counts,
         victim_keys: cluster.map(|c| c.victim_keys).unwrap_or_default(),

@@ -127,3 +127,21 @@ fn an_app_that_aborts_fails_the_suite() {
     let e = broken_run(Sabotage::AbortWithoutRedis, "abort");
     assert!(e.contains("signal: 6"), "{e}");
 }
+
+/// A selection of no scenario is refused (exit 2), before anything runs or
+/// any report is written: it ran nothing and reported PASS, 0 passed and 0
+/// failed, with exit 0.
+#[test]
+fn a_selection_of_no_scenario_is_refused() {
+    let name = format!("nothing-{}", std::process::id());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chaos"))
+        .args(["--driver", "process", "--quick", "--scenario", "kill-redis"])
+        .args(["--topology", "cluster", "--name", &name])
+        .output()
+        .expect("the chaos binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no scenario"), "{stderr}");
+    let report = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("report/{name}.md"));
+    assert!(!report.exists(), "{} was written", report.display());
+}

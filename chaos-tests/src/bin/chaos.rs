@@ -130,6 +130,11 @@ fn main() -> ExitCode {
         .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
         .filter(|s| args.topology.is_none_or(|cluster| s.cluster == cluster))
         .collect();
+    if chosen.is_empty() {
+        // A run of nothing would report PASS.
+        eprintln!("chaos: no scenario is both named and of the topology asked for");
+        return ExitCode::from(2);
+    }
     let mut report = Report {
         driver: args.driver.clone(),
         quick: args.quick,
