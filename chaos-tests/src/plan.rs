@@ -23,14 +23,18 @@ pub enum Sabotage {
     PanicWithoutRedis,
     /// The app aborts (SIGABRT) at its first decision made without Redis.
     AbortWithoutRedis,
+    /// A check made without Redis never returns (its future waits for
+    /// nothing, forever).
+    HangWithoutRedis,
 }
 
 impl Sabotage {
     /// Every sabotage, by its command-line name.
-    pub const ALL: [(&str, Sabotage); 3] = [
+    pub const ALL: [(&str, Sabotage); 4] = [
         ("no-deadline", Sabotage::NoDeadline),
         ("panic-without-redis", Sabotage::PanicWithoutRedis),
         ("abort-without-redis", Sabotage::AbortWithoutRedis),
+        ("hang-without-redis", Sabotage::HangWithoutRedis),
     ];
 }
 

@@ -145,3 +145,21 @@ fn a_selection_of_no_scenario_is_refused() {
     let report = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("report/{name}.md"));
     assert!(!report.exists(), "{} was written", report.display());
 }
+
+/// A check that never returns is logged as an error when it passes 10 s,
+/// and the errors bound fails the scenario: unlogged, it was judged by no
+/// bound, and its app never ended.
+#[test]
+fn a_check_that_never_returns_fails_the_suite() {
+    let _serial = tierlimit_test::serial_blocking();
+    let report = suite(&["hang-redis"], Sabotage::HangWithoutRedis, "hang");
+    let failures = report.failures();
+    assert!(
+        !report.passed(),
+        "a check that never returned passed the suite"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("errors")),
+        "no failure names the errors: {failures:?}"
+    );
+}
