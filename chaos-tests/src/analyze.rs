@@ -841,8 +841,9 @@ pub fn judge(ctx: &Context<'_>, logs: &[AppLog]) -> ScenarioResult {
 /// over-admission at an outage's start or end, or at an app's start, shows in
 /// the windows that straddle it) admits at most `limit + instances` per key
 /// across the apps. The one exception: a window in which Redis lost its data
-/// (a kill) and then answered again has forgotten what it admitted before,
-/// which no limiter can make up for; it is left out and counted.
+/// (a kill) and then answered again (a check begun after the kill surely
+/// landed) has forgotten what it admitted before, which no limiter can make
+/// up for; it is left out and counted.
 fn edge_windows(ctx: &Context<'_>, all: &[(usize, &Decision)], checks: &mut Vec<Check>) {
     let tl = &ctx.timeline;
     for rule in judged_rules(true) {
@@ -852,7 +853,7 @@ fn edge_windows(ctx: &Context<'_>, all: &[(usize, &Decision)], checks: &mut Vec<
         for (asked, done) in &tl.redis_losses {
             for w in [win(*asked), win(*done)] {
                 if all.iter().any(|(_, d)| {
-                    d.stream == 2 && d.tier == Tier::Redis && d.t >= *asked && win(d.t) == w
+                    d.stream == 2 && d.tier == Tier::Redis && d.t >= *done && win(d.t) == w
                 }) {
                     forgot.insert(w);
                 }
@@ -1815,6 +1816,14 @@ mod tests {
         assert!(checks[0].measured.contains("1 window(s) left out"));
         // Without the kill the same log over-admits.
         assert_eq!(edge(&log, vec![])[0].verdict, "FAIL");
+        // Answers begun before the kill surely landed came from the Redis
+        // that was killed: they do not leave the window out (they did).
+        let mut before_kill: Vec<Decision> = (0..61).map(|i| at(i * 1_000, Tier::Redis)).collect();
+        before_kill.extend((0..61).map(|i| at(520_000 + i * 1_000, Tier::Redis)));
+        assert_eq!(
+            edge(&before_kill, vec![(500_000, 600_000)])[0].verdict,
+            "FAIL"
+        );
     }
 
     #[test]
