@@ -358,6 +358,16 @@ impl DockerDriver {
         ))
     }
 
+    /// SIGKILLs an app's container, which must still be running: one that
+    /// ended before its kill (a crash) would pass for killed.
+    fn kill_app(&self, id: &str) -> Result<(), String> {
+        if docker(&["inspect", "-f", "{{.State.Running}}", id]).as_deref() == Ok("false") {
+            let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", id]).unwrap_or_default();
+            return Err(format!("it had already ended, exit code {code}"));
+        }
+        self.kill(id)
+    }
+
     /// SIGKILLs a container and waits until docker reports it stopped.
     fn kill(&self, id: &str) -> Result<(), String> {
         if let Err(e) = docker(&["kill", id]) {
@@ -633,7 +643,7 @@ impl Driver for DockerDriver {
                 // Its newest container.
                 if let Some(n) = p.restarted.iter().rposition(|(a, _, _)| *a == i) {
                     let id = p.restarted[n].1.clone();
-                    self.kill(&id)
+                    self.kill_app(&id)
                         .map_err(|e| format!("killing app {i}: {e}"))?;
                     self.project()?.restarted[n].2 = true;
                 } else {
@@ -642,7 +652,7 @@ impl Driver for DockerDriver {
                         .get(i)
                         .cloned()
                         .ok_or_else(|| format!("no app {i}"))?;
-                    self.kill(&id)
+                    self.kill_app(&id)
                         .map_err(|e| format!("killing app {i}: {e}"))?;
                     self.project()?.killed[i] = true;
                 }

@@ -169,6 +169,12 @@ impl Driver for ProcessDriver {
                     Some((_, child)) => child,
                     None => self.apps.get_mut(i).ok_or_else(|| format!("no app {i}"))?,
                 };
+                // One that ended before its kill (a crash) would pass for killed.
+                if let Ok(Some(status)) = app.try_wait() {
+                    return Err(format!(
+                        "killing app {i}: it had already ended with {status}"
+                    ));
+                }
                 self.killed.push(app.id());
                 app.kill().map_err(|e| format!("killing app {i}: {e}"))?;
                 let _ = app.wait();
