@@ -75,16 +75,53 @@ pub struct Claim {
 #[derive(Debug)]
 pub struct Ledger {
     entries: BoundedMap<(String, u64), Units>,
-    /// Units held over all entries, kept as they change so reading it is free.
-    units: AtomicU64,
-    overflow_units: AtomicU64,
-    expired_units: AtomicU64,
-    parked_units: AtomicU64,
+    /// Units held over all entries, kept as they change so reading it is
+    /// free. Each entry saturates at `u64::MAX`, and their sum can pass it.
+    units: Total,
+    overflow_units: Total,
+    expired_units: Total,
+    parked_units: Total,
     /// Wall clock minus monotonic clock (µs, wrapping) as the local tier
     /// last measured it: the frame of the `now` given to
     /// [`drop_expired`](Ledger::drop_expired), and of times recorded without
     /// one of their own.
     frame_us: AtomicU64,
+}
+
+/// A count of units that may pass `u64::MAX` (8,192 entries of 2^51 units,
+/// the largest cost, do), read as `u64::MAX` then: 128 bits, as two words.
+/// Each add or subtraction that carries past the low word moves the high
+/// one by its own exact result, so the count is exact once no update is in
+/// flight; a read during one may see the low word moved and the high not.
+/// (A plain `u64` wrapped: past 2^64 units owed, the ledger read 0 owed, and
+/// a limiter dropped with them owed gave no warning.)
+#[derive(Debug, Default)]
+struct Total {
+    low: AtomicU64,
+    high: AtomicU64,
+}
+
+impl Total {
+    fn add(&self, n: u64) {
+        let before = self.low.fetch_add(n, Ordering::Relaxed);
+        if before.checked_add(n).is_none() {
+            self.high.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn sub(&self, n: u64) {
+        let before = self.low.fetch_sub(n, Ordering::Relaxed);
+        if before < n {
+            self.high.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self) -> u64 {
+        match self.high.load(Ordering::Relaxed) {
+            0 => self.low.load(Ordering::Relaxed),
+            _ => u64::MAX,
+        }
+    }
 }
 
 impl Ledger {
@@ -93,10 +130,10 @@ impl Ledger {
     pub fn new(max_entries: usize, max_bytes: usize) -> Self {
         Ledger {
             entries: BoundedMap::new(max_entries, max_bytes),
-            units: AtomicU64::new(0),
-            overflow_units: AtomicU64::new(0),
-            expired_units: AtomicU64::new(0),
-            parked_units: AtomicU64::new(0),
+            units: Total::default(),
+            overflow_units: Total::default(),
+            expired_units: Total::default(),
+            parked_units: Total::default(),
             frame_us: AtomicU64::new(0),
         }
     }
@@ -177,7 +214,7 @@ impl Ledger {
                 let added = units.min(u64::MAX - e.units);
                 e.first_us = owed_since_us(rule, e.first_us, e.units, first_us);
                 e.units += added;
-                self.units.fetch_add(added, Ordering::Relaxed);
+                self.units.add(added);
                 e.last_us = e.last_us.max(last_us);
                 e.frame_us = frame_us;
                 units - added
@@ -185,7 +222,7 @@ impl Ledger {
             None => units,
         };
         if overflow > 0 {
-            self.overflow_units.fetch_add(overflow, Ordering::Relaxed);
+            self.overflow_units.add(overflow);
             metrics::counter!("tierlimit_ledger_dropped_units_total", "reason" => "overflow")
                 .increment(overflow);
         }
@@ -299,7 +336,7 @@ impl Ledger {
     /// the drain. Returns the units set aside.
     pub fn park(&self, claim: &Claim) -> u64 {
         let parked = self.settle(claim, |u, _| u.units);
-        self.parked_units.fetch_add(parked, Ordering::Relaxed);
+        self.parked_units.add(parked);
         parked
     }
 
@@ -322,7 +359,7 @@ impl Ledger {
             },
             None => (0, false),
         };
-        self.units.fetch_sub(taken, Ordering::Relaxed);
+        self.units.sub(taken);
         if empty {
             self.entries
                 .remove_if(&key, |u| u.units == 0 && u.sending.is_none());
@@ -331,7 +368,7 @@ impl Ledger {
     }
 
     /// Drops the entries that can no longer change any decision at `now_us` and
-    /// returns how many units they held (also counted in
+    /// returns how many units they held (at most `u64::MAX`) (also counted in
     /// [`expired_units`](Ledger::expired_units) and the metric
     /// `tierlimit_ledger_dropped_units_total{reason="expired"}`).
     ///
@@ -349,13 +386,15 @@ impl Ledger {
             let now_then = now_us.wrapping_add(u.frame_us.wrapping_sub(current));
             let live = e.expires_at_us() > now_then;
             if !live {
-                dropped += u.units;
+                // Counted entry by entry: their sum may pass u64::MAX (the
+                // sum panicked there in debug builds).
+                self.units.sub(u.units);
+                self.expired_units.add(u.units);
+                dropped = u.units.saturating_add(dropped);
             }
             live
         });
         if dropped > 0 {
-            self.units.fetch_sub(dropped, Ordering::Relaxed);
-            self.expired_units.fetch_add(dropped, Ordering::Relaxed);
             metrics::counter!("tierlimit_ledger_dropped_units_total", "reason" => "expired")
                 .increment(dropped);
         }
@@ -372,19 +411,19 @@ impl Ledger {
         self.len() == 0
     }
 
-    /// Units held, over all entries.
+    /// Units held, over all entries (at most `u64::MAX`).
     pub fn units(&self) -> u64 {
-        self.units.load(Ordering::Relaxed)
+        self.units.get()
     }
 
     /// Units refused because the ledger was full.
     pub fn overflow_units(&self) -> u64 {
-        self.overflow_units.load(Ordering::Relaxed)
+        self.overflow_units.get()
     }
 
     /// Units dropped because their window passed before they were written back.
     pub fn expired_units(&self) -> u64 {
-        self.expired_units.load(Ordering::Relaxed)
+        self.expired_units.get()
     }
 
     /// Bytes charged to the entries held.
@@ -394,7 +433,7 @@ impl Ledger {
 
     /// Units set aside because Redis refused their entry on its own.
     pub fn parked_units(&self) -> u64 {
-        self.parked_units.load(Ordering::Relaxed)
+        self.parked_units.get()
     }
 
     /// When the oldest unit waiting was admitted (µs since the epoch, this
@@ -416,6 +455,37 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+
+    /// What the entries hold together passes `u64::MAX` and comes back
+    /// exactly; read as `u64::MAX` meanwhile, never as the wrapped rest (two
+    /// saturated entries and one of 2 units read 0 owed).
+    #[test]
+    fn the_units_owed_over_all_entries_do_not_wrap() {
+        let ledger = Ledger::new(10, 1 << 20);
+        let rule = Rule::per_hour(10).expect("valid");
+        ledger.record("a".into(), &rule, u64::MAX, 100 * S);
+        ledger.record("b".into(), &rule, u64::MAX, 100 * S);
+        ledger.record("c".into(), &rule, 2, 100 * S);
+        assert_eq!(ledger.units(), u64::MAX);
+        let claims = ledger.claim(10, 0);
+        let c = claims
+            .iter()
+            .find(|c| c.entry.units == 2)
+            .expect("c's claim");
+        ledger.ack(c);
+        assert_eq!(ledger.units(), u64::MAX);
+        for claim in claims.iter().filter(|c| c.entry.units != 2) {
+            ledger.ack(claim);
+        }
+        assert_eq!((ledger.units(), ledger.len()), (0, 0));
+        ledger.record("d".into(), &rule, 5, 100 * S);
+        assert_eq!(ledger.units(), 5, "exact again");
+        // The cumulative counts too.
+        ledger.record("e".into(), &rule, u64::MAX, 100 * S);
+        ledger.record("f".into(), &rule, u64::MAX, 100 * S);
+        assert_eq!(ledger.drop_expired(200 * 3_600 * S), u64::MAX);
+        assert_eq!((ledger.units(), ledger.expired_units()), (0, u64::MAX));
+    }
 
     /// A bucket rule's units are charged back to back from `first_us`: the
     /// entry starts its run where the last full refill left the bucket, and

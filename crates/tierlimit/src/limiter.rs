@@ -1030,7 +1030,8 @@ impl HybridLimiter {
             let failed = claims.is_empty()
                 || match tokio::time::timeout(left, reconcile::send_batch(inner, &claims)).await {
                     Ok(sent) => {
-                        report.written_back_units += sent.units;
+                        report.written_back_units =
+                            report.written_back_units.saturating_add(sent.units);
                         if sent.failed.as_ref().is_some_and(Error::is_timeout) {
                             // What the breaker does after timeouts, which it
                             // hears nothing of here: a socket whose request

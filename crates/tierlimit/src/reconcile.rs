@@ -203,7 +203,12 @@ pub(crate) fn settle(inner: &Inner, claims: &[Claim], outcomes: Vec<Result<Writt
                     "Redis refuses this ledger entry on its own; it is set aside so the rest drains"
                 );
             }
-            Ok(_) => settled.units += inner.local.ledger().ack(claim),
+            // Saturating, here and below: an entry holds up to u64::MAX units.
+            Ok(_) => {
+                settled.units = settled
+                    .units
+                    .saturating_add(inner.local.ledger().ack(claim))
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "write-back failed on the server; it will be re-sent");
                 settled.transient.get_or_insert(e);
@@ -326,7 +331,7 @@ async fn drain(inner: &Arc<Inner>) {
         // Under the Redis tier's deadline, like every call.
         let sent = send_batch(inner, &claims).await;
         let latency = begun.elapsed();
-        units += sent.units;
+        units = units.saturating_add(sent.units);
         batches += 1;
         if sent.counts_call {
             inner.record_call(epoch, latency, sent.failed.as_ref().and_then(failed));
