@@ -12,7 +12,7 @@ use tierlimit_core::{Algorithm, Clock, FakeClock, Rule, RuleSet, SystemClock};
 use tierlimit_redis::{RedisTier, TimeSource};
 use tierlimit_test::RedisServer;
 
-use support::{set, slowlog_reset, tier_with};
+use support::{set, slowlog_reset, slowlog_script_calls, tier_with};
 
 const SKEW: Duration = Duration::from_secs(30);
 
@@ -53,42 +53,15 @@ const ONE_LIMITER: [bool; 10] = [
 /// [`slowlog_reset`] are a time in µs within an hour of this host's clock:
 /// a client's clock sent to the script.
 async fn host_times_sent(conn: &mut redis::aio::MultiplexedConnection) -> usize {
-    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .expect("SLOWLOG GET");
     let now = SystemClock.unix_micros();
     let hour = 3_600_000_000;
-    let mut sent = 0;
-    for entry in entries {
-        let redis::Value::Array(fields) = entry else {
-            panic!("slow log entry {entry:?}");
-        };
-        let Some(redis::Value::Array(args)) = fields.get(3) else {
-            panic!("slow log entry {fields:?}");
-        };
-        let text = |v: &redis::Value| match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            other => panic!("slow log argument {other:?}"),
-        };
-        let command = args
-            .first()
-            .map(text)
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        if !(command.starts_with("fcall") || command.starts_with("eval")) {
-            continue;
-        }
-        sent += args
-            .iter()
-            .map(text)
-            .filter_map(|a| a.parse::<u64>().ok())
-            .filter(|us| us.abs_diff(now) < hour)
-            .count();
-    }
-    sent
+    slowlog_script_calls(conn)
+        .await
+        .iter()
+        .flat_map(|(_, args)| args)
+        .filter_map(|a| a.parse::<u64>().ok())
+        .filter(|us| us.abs_diff(now) < hour)
+        .count()
 }
 
 #[tokio::test]

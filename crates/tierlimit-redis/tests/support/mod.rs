@@ -86,17 +86,23 @@ pub(crate) async fn slowlog_reset(conn: &mut redis::aio::MultiplexedConnection) 
         .expect("SLOWLOG RESET");
 }
 
-/// The longest server time, in µs, of any `EVAL`/`EVALSHA`/`FCALL` in the slow log
-/// since [`slowlog_reset`]: what Redis itself measured, not the client's wall
-/// clock. Panics when the log holds no script call.
-pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// Every `EVAL`/`EVALSHA`/`FCALL` in the slow log since [`slowlog_reset`]:
+/// its server time in µs (what Redis itself measured, not the client's wall
+/// clock) and its arguments, the command's name first.
+pub(crate) async fn slowlog_script_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Vec<(u64, Vec<String>)> {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(-1)
         .query_async(conn)
         .await
         .expect("SLOWLOG GET");
-    let mut slowest = None;
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("slow log argument {other:?}"),
+    };
+    let mut calls = Vec::new();
     for entry in entries {
         let redis::Value::Array(fields) = entry else {
             panic!("slow log entry {entry:?}");
@@ -106,16 +112,27 @@ pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnecti
         else {
             panic!("slow log entry {fields:?}");
         };
-        let name = match args.first() {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_ascii_lowercase(),
-            other => panic!("slow log command {other:?}"),
-        };
+        let args: Vec<String> = args.iter().map(text).collect();
+        let name = args
+            .first()
+            .map(|a| a.to_ascii_lowercase())
+            .unwrap_or_default();
         if name.starts_with("eval") || name.starts_with("fcall") {
-            let us = u64::try_from(*us).expect("a duration");
-            slowest = Some(slowest.map_or(us, |s: u64| s.max(us)));
+            calls.push((u64::try_from(*us).expect("a duration"), args));
         }
     }
-    slowest.expect("the slow log holds a script call")
+    calls
+}
+
+/// The longest server time, in µs, of any script call in the slow log since
+/// [`slowlog_reset`]. Panics when the log holds no script call.
+pub(crate) async fn slowest_script_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    slowlog_script_calls(conn)
+        .await
+        .into_iter()
+        .map(|(us, _)| us)
+        .max()
+        .expect("the slow log holds a script call")
 }
 
 /// The URL of a user of `server` the ACL allows everything but Functions
