@@ -1431,34 +1431,65 @@ mod tests {
         counts(decisions, 0, &[redis_holds]).err()
     }
 
+    fn scenario_named(name: &str) -> crate::scenario::Scenario {
+        crate::scenario::all(2_500, 50)
+            .into_iter()
+            .find(|s| s.name == name)
+            .expect("the scenario")
+    }
+
+    /// A state line seen at `at`, polled 1 ms before; an open one's probe
+    /// due 200 ms on.
+    fn state_line(at: u64, state: &str) -> StateLine {
+        StateLine {
+            at,
+            state: state.into(),
+            due: (state == "open").then_some(at + 200_000),
+            since: at - 1_000,
+        }
+    }
+
+    /// One app of one key, 50 ms deadline, cool-downs up to 1 s.
+    fn one_app<'a>(scenario: &'a crate::scenario::Scenario, timeline: Timeline) -> Context<'a> {
+        Context {
+            scenario,
+            driver: "test",
+            deadline_ms: 50,
+            max_cool_down_ms: 1_000,
+            keys: 1,
+            apps: 1,
+            timeline,
+            in_flight: 4,
+            redis_counts: HashMap::new(),
+            victim_keys: HashSet::new(),
+        }
+    }
+
+    /// An app that logged only `states`.
+    fn states_only(states: Vec<StateLine>) -> [AppLog; 1] {
+        [AppLog {
+            decisions: Vec::new(),
+            errors: Vec::new(),
+            states,
+            last: None,
+        }]
+    }
+
     /// A breaker that closed after Redis' first return but never tripped at
     /// its second break fails the run (before, only the first break and the
     /// last return were judged); one that trips in time passes.
     #[test]
     fn a_second_break_is_judged_too() {
-        let scenario = crate::scenario::all(2_500, 50)
-            .into_iter()
-            .find(|s| s.name == "second-outage-in-hour")
-            .expect("the scenario");
-        let line = |at: u64, state: &str| StateLine {
-            at,
-            state: state.into(),
-            due: (state == "open").then_some(at + 200_000),
-            since: at - 1_000,
-        };
+        let scenario = scenario_named("second-outage-in-hour");
+        let line = state_line;
         // Open at 0.3 s (its probe due at 0.5 s), closed at 1.1 s (Redis
         // back at 1 s: within 50 ms + 100 ms of slack), broken again at 5 s
         // until 7 s.
         let mut states = vec![line(300_000, "open"), line(1_100_000, "closed")];
         let judged = |states: &[StateLine]| {
-            let ctx = Context {
-                scenario: &scenario,
-                driver: "test",
-                deadline_ms: 50,
-                max_cool_down_ms: 1_000,
-                keys: 1,
-                apps: 1,
-                timeline: Timeline {
+            let ctx = one_app(
+                &scenario,
+                Timeline {
                     returns_between: vec![ReturnBetween {
                         returned_at: 1_000_000,
                         broke_at: 5_000_000,
@@ -1466,18 +1497,9 @@ mod tests {
                     }],
                     ..Timeline::default()
                 },
-                in_flight: 4,
-                redis_counts: HashMap::new(),
-                victim_keys: HashSet::new(),
-            };
-            let logs = [AppLog {
-                decisions: Vec::new(),
-                errors: Vec::new(),
-                states: states.to_vec(),
-                last: None,
-            }];
+            );
             let mut checks = Vec::new();
-            judge_returns_between(&ctx, &logs, &[], &mut checks);
+            judge_returns_between(&ctx, &states_only(states.to_vec()), &[], &mut checks);
             checks
         };
         let never = judged(&states);
@@ -1506,40 +1528,18 @@ mod tests {
     /// back, or one before any open in the stretch, is no such close.
     #[test]
     fn a_breaker_that_closes_while_redis_is_down_fails() {
-        let scenario = crate::scenario::all(2_500, 50)
-            .into_iter()
-            .find(|s| s.name == "hang-redis")
-            .expect("the scenario");
-        let line = |at: u64, state: &str| StateLine {
-            at,
-            state: state.into(),
-            due: (state == "open").then_some(at + 200_000),
-            since: at - 1_000,
-        };
+        let scenario = scenario_named("hang-redis");
+        let line = state_line;
         let judged = |states: Vec<StateLine>| {
-            let ctx = Context {
-                scenario: &scenario,
-                driver: "test",
-                deadline_ms: 50,
-                max_cool_down_ms: 1_000,
-                keys: 1,
-                apps: 1,
-                timeline: Timeline {
+            let ctx = one_app(
+                &scenario,
+                Timeline {
                     down: vec![(1_000_000, 3_000_000)],
                     ..Timeline::default()
                 },
-                in_flight: 4,
-                redis_counts: HashMap::new(),
-                victim_keys: HashSet::new(),
-            };
-            let logs = [AppLog {
-                decisions: Vec::new(),
-                errors: Vec::new(),
-                states,
-                last: None,
-            }];
+            );
             let mut checks = Vec::new();
-            judge_open_while_down(&ctx, &logs, &mut checks);
+            judge_open_while_down(&ctx, &states_only(states), &mut checks);
             checks.remove(0).verdict
         };
         let early_close = vec![line(1_200_000, "open"), line(2_000_000, "closed")];
@@ -1556,10 +1556,7 @@ mod tests {
     /// so does a latency fault whose decisions were not slowed by it.
     #[test]
     fn a_limiter_left_on_its_fallback_and_a_latency_never_applied_fail() {
-        let scenario = crate::scenario::all(2_500, 50)
-            .into_iter()
-            .find(|s| s.name == "latency-below-deadline")
-            .expect("the scenario");
+        let scenario = scenario_named("latency-below-deadline");
         let at = |t: u64, lat: u64, tier: Tier| Decision {
             t,
             lat,
@@ -1567,23 +1564,15 @@ mod tests {
             ..decision(tier, true, false)
         };
         let judged = |decisions: Vec<Decision>| {
-            let ctx = Context {
-                scenario: &scenario,
-                driver: "test",
-                deadline_ms: 50,
-                max_cool_down_ms: 1_000,
-                keys: 1,
-                apps: 1,
-                timeline: Timeline {
+            let ctx = one_app(
+                &scenario,
+                Timeline {
                     fault_at: 1_000_000,
                     healed_at: 3_000_000,
                     latency_ms: Some(12),
                     ..Timeline::default()
                 },
-                in_flight: 4,
-                redis_counts: HashMap::new(),
-                victim_keys: HashSet::new(),
-            };
+            );
             let logs = [AppLog {
                 decisions,
                 errors: Vec::new(),
