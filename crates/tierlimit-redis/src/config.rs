@@ -89,7 +89,7 @@ const MAX_RETRIES: usize = 10;
 /// about 0.5 ms per call (measured ≈ 15 µs per check inside the script on
 /// these machines, see BENCHMARKS.md), short enough not to stall other
 /// clients, long enough that the fixed cost of a call is spread thin.
-const DEFAULT_MAX_BATCH: usize = 32;
+pub const DEFAULT_MAX_BATCH: usize = 32;
 /// The largest batch accepted (the batch script refuses more than 1000).
 const MAX_BATCH: usize = 1000;
 /// The first reconnect delay; later ones double up to the max delay.

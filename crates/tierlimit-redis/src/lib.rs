@@ -102,7 +102,7 @@ mod tier;
 mod verdict;
 
 pub use batch::{CheckKey, Checked, Unheard};
-pub use config::{RedisTierConfig, TimeSource, redact_url};
+pub use config::{DEFAULT_MAX_BATCH, RedisTierConfig, TimeSource, redact_url};
 pub use reconcile::{WriteBack, Written};
 pub use script::{
     CHECK, CHECK_SOURCE, FIXED_WINDOW, GCRA, HEARTBEAT, RECONCILE, SLIDING_LOG, SLIDING_WINDOW,

@@ -137,11 +137,14 @@ impl HybridLimiterBuilder {
     #[cfg(feature = "config")]
     pub(crate) fn start_changes(&self, new: &HybridLimiterBuilder) -> Vec<&'static str> {
         let url = |b: &HybridLimiterBuilder| b.redis_url.as_ref().map(|u| u.0.clone());
+        let max_batch =
+            |b: &HybridLimiterBuilder| b.max_batch.unwrap_or(tierlimit_redis::DEFAULT_MAX_BATCH);
+        let name = |b: &HybridLimiterBuilder| b.name.clone().unwrap_or_else(|| b.group.clone());
         let mut fields = vec![
             ("redis.url", url(self) != url(new)),
             ("redis.deadline", self.deadline != new.deadline),
             ("redis.client_time", self.client_time != new.client_time),
-            ("redis.max_batch", self.max_batch != new.max_batch),
+            ("redis.max_batch", max_batch(self) != max_batch(new)),
         ];
         #[cfg(feature = "tls")]
         fields.extend([
@@ -155,7 +158,7 @@ impl HybridLimiterBuilder {
             ),
         ]);
         fields.extend([
-            ("limiter.name", self.name != new.name),
+            ("limiter.name", name(self) != name(new)),
             ("limiter.group", self.group != new.group),
             (
                 "limiter.overflow_policy",

@@ -307,19 +307,26 @@ async fn a_reloaded_default_policy_answers_sets_without_their_own() {
 
 /// A start-only setting written out at its default is no change from the
 /// same setting left out: each was compared as written, so a file that
-/// spelled out `group = "default"` (or the default deadline, or a learned
-/// instance count, or the default overflow policy) asked for a restart at
-/// every reload, and the warning said settings changed that had not.
+/// spelled out `group = "default"` (or the default batch size, a learned
+/// instance count, the default overflow policy, a name that is the group's)
+/// asked for a restart at every reload, and the warning said settings
+/// changed that had not.
 #[tokio::test]
 async fn a_default_written_out_is_no_start_only_change() {
     let server = RedisServer::start();
-    let text = file(&server.url(), "defaults", "5/h", "").replace("instances = 1\n", "");
+    // Neither instances nor a name (the group's, then) in the file built from.
+    let text = file(&server.url(), "defaults", "5/h", "")
+        .replace("instances = 1\n", "")
+        .replace("name = \"defaults\"\n", "");
     let limiter = healthy(&Config::from_toml_str(&text).expect("valid")).await;
     let spelled = text
-        .replace("deadline = \"50ms\"", "deadline = \"50ms\"\nclient_time = false")
+        .replace(
+            "deadline = \"50ms\"",
+            "deadline = \"50ms\"\nclient_time = false\nmax_batch = 32",
+        )
         .replace(
             "default_policy",
-            "group = \"default\"\ninstances = \"learned\"\noverflow_policy = \"fail-closed\"\nheartbeat_every = \"1s\"\ndefault_policy",
+            "name = \"default\"\ngroup = \"default\"\ninstances = \"learned\"\noverflow_policy = \"fail-closed\"\nheartbeat_every = \"1s\"\ndefault_policy",
         );
     let config = Config::from_toml_str(&spelled).expect("valid");
     let report = limiter.reload(&config).expect("reload");
