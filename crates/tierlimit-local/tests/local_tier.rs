@@ -645,12 +645,15 @@ fn a_stepped_wall_clock_does_not_change_how_long_a_denial_is_cached() {
 #[test]
 fn a_wall_clock_stepped_forward_does_not_refill_a_warm_seed() {
     for algorithm in [
-        Algorithm::Gcra,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
+        Algorithm::Gcra,
     ] {
-        let (local, clock) = stepping(FakeClock::new(1_700_000_000_000_000));
-        // A process up for half a day: its monotonic clock is past the step.
+        // 08:00 UTC on 14 November 2023.
+        let (local, clock) = stepping(FakeClock::new(1_699_948_800_000_000));
+        // A process up for half a day (its monotonic clock is past the
+        // step): Redis reports at 20:00, and the step goes on to 02:00, the
+        // next day's window.
         clock.inner.advance(Duration::from_secs(12 * 3_600));
         let rule = Rule::new(1_000, Duration::from_secs(86_400), algorithm).expect("valid");
         let set = RuleSet::new("d", [rule]).expect("valid");
