@@ -842,26 +842,30 @@ impl LocalTier {
             .zip(engine.rules.iter())
             .enumerate()
             .map(move |(i, (rule, e))| {
-                let seed = seeds.as_ref().map(|(at, rem)| (rem[i], *at));
+                let seed = seeds.as_ref().map(|(age_us, rem)| (rem[i], *age_us));
                 let share = Share::of(rule, engine.instances);
                 match e {
                     RuleEngine::Governor { t_ns, .. } => {
-                        State::Governor(Tat::new(seed.map_or(0, |(remaining, seen_at)| {
+                        State::Governor(Tat::new(seed.map_or(0, |(remaining, age_us)| {
                             // Where the cell was when Redis said it, on the
                             // monotonic clock; refill since then accrues.
                             let used = slot::used_at_seed(share, remaining, engine.instances);
-                            let age_ns = now.unix_us.saturating_sub(seen_at).saturating_mul(1_000);
+                            let age_ns = age_us.saturating_mul(1_000);
                             now.mono_ns
                                 .saturating_sub(age_ns)
                                 .saturating_add(used.saturating_mul(*t_ns))
                                 .max(1)
                         })))
                     }
+                    // Windows and the exact GCRA run on the wall clock: the
+                    // report as that long before now there.
                     RuleEngine::Own(share) => State::Own(slot::fresh(
                         rule,
                         *share,
                         now.unix_us,
-                        seed,
+                        seed.map(|(remaining, age_us)| {
+                            (remaining, now.unix_us.saturating_sub(age_us))
+                        }),
                         engine.instances,
                     )),
                 }
@@ -1293,10 +1297,10 @@ impl LocalTier {
         }
     }
 
-    /// The remaining Redis last reported for each rule of `set`, and when,
-    /// on the wall clock as it reads `now` (`now` less the report's age on
-    /// the monotonic clock): reported under other limits or bursts, what
-    /// was used then is kept (`capacity - used`, at least 0).
+    /// How long ago (µs, on the monotonic clock) Redis last reported on
+    /// `key`, and the remaining it reported for each rule of `set`:
+    /// reported under other limits or bursts, what was used then is kept
+    /// (`capacity - used`, at least 0).
     fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: Now) -> Option<(u64, Vec<u64>)> {
         let w = self.warm.get(key)?;
         let rules = set.rules();
@@ -1311,8 +1315,7 @@ impl LocalTier {
                     rule.capacity().saturating_sub(used)
                 })
                 .collect();
-            let age_us = now_mono_us.saturating_sub(w.seen_mono_us);
-            (now.unix_us.saturating_sub(age_us), remaining)
+            (now_mono_us.saturating_sub(w.seen_mono_us), remaining)
         })
     }
 
