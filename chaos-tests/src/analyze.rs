@@ -850,13 +850,14 @@ fn edge_windows(ctx: &Context<'_>, all: &[(usize, &Decision)], checks: &mut Vec<
         let win = |t: u64| (tl.start_unix_us + t) / rule.period_us;
         let bound_n = rule.limit + ctx.apps;
         let mut forgot = std::collections::HashSet::new();
-        for (asked, done) in &tl.redis_losses {
-            for w in [win(*asked), win(*done)] {
-                if all.iter().any(|(_, d)| {
-                    d.stream == 2 && d.tier == Tier::Redis && d.t >= *done && win(d.t) == w
-                }) {
-                    forgot.insert(w);
-                }
+        for (_, done) in &tl.redis_losses {
+            // A check begun after `done` is in `asked`'s window only if
+            // `done` is too.
+            let w = win(*done);
+            if all.iter().any(|(_, d)| {
+                d.stream == 2 && d.tier == Tier::Redis && d.t >= *done && win(d.t) == w
+            }) {
+                forgot.insert(w);
             }
         }
         let mut per: BTreeMap<(u64, usize), u64> = BTreeMap::new();

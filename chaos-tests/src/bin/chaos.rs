@@ -1,5 +1,5 @@
 //! The chaos controller:
-//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis]`.
+//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis|hang-without-redis]`.
 //!
 //! Runs the scenarios, shows progress, writes `<report-dir>/<STEM>.{json,md,svg}`
 //! and exits non-zero when a bound broke, printing one `FAIL` line per bound.
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
                 eprintln!("chaos: {e}");
             }
             eprintln!(
-                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis]"
+                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis|hang-without-redis]"
             );
             return ExitCode::from(2);
         }

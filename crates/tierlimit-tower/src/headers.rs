@@ -17,7 +17,9 @@ use tierlimit::{Decision, Rule, RuleSet, RuleState};
 ///   `"<set>.<rule index>"`, with `q` (the rule's limit) and `w` (its period
 ///   in seconds; a period that is not whole seconds is advertised over the
 ///   shortest whole-second window holding it, `q` then being what the rule
-///   admits in that window, rounded down: 5 per 100 ms is `q=50;w=1`), e.g.
+///   admits in that window, rounded down: 5 per 100 ms is `q=50;w=1`, a
+///   rate: `RateLimit`'s `r` still counts against the rule's own capacity,
+///   5 there), e.g.
 ///   `RateLimit-Policy: "api.0";q=10;w=60, "api.1";q=100;w=3600`; and
 ///   `RateLimit` with one item per rule, `r` (remaining) and `t` (seconds
 ///   until it is full again, rounded up), e.g.

@@ -93,8 +93,9 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
 /// key: put a header that holds a secret behind a hash of your own if that
 /// matters.
 ///
-/// The value is taken as it arrives: a client that sends a new one with
-/// every request is a new key each time, with a whole quota of its own (and
+/// The value is taken as it arrives (one folded from several, `a, b`,
+/// whole): a client that sends a new one with every request is a new key
+/// each time, with a whole quota of its own (and
 /// Redis keys of its own until they expire). Key by a header only where
 /// something in front sets it and removes what clients sent (an
 /// authenticating proxy), or where [`FirstOf`] reaches it only after the

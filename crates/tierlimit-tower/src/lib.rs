@@ -51,7 +51,7 @@
 //! | admitted | the service's response, plus the rate-limit headers | same |
 //! | denied | `429`, `Retry-After` (seconds, rounded up, at least 1), headers, `{"error":"rate_limited",…}` | HTTP 200 trailers-only, `grpc-status: 8` (`RESOURCE_EXHAUSTED`), `grpc-message`, same headers as metadata |
 //! | denied by [`Policy::FailClosed`](tierlimit::Policy) (Redis unavailable) | `503` by default ([`RateLimitLayerBuilder::fail_closed_status`]), `Retry-After`, headers, `{"error":"limiter_unavailable",…}` | `grpc-status: 14` (`UNAVAILABLE`) |
-//! | key missing (with [`MissingKey::Reject`]) or unusable (too long, control characters) | `400`, `{"error":"missing_key"` / `"invalid_key",…}` | `grpc-status: 3` (`INVALID_ARGUMENT`) |
+//! | key missing (with [`MissingKey::Reject`]) or unusable (too long, control characters, a key header sent twice) | `400`, `{"error":"missing_key"` / `"invalid_key",…}` | `grpc-status: 3` (`INVALID_ARGUMENT`) |
 //! | the route's cost above its rule set's capacity (a reload shrank a named route's set) | `500`, `{"error":"rate_limit_misconfigured",…}` | `grpc-status: 13` (`INTERNAL`) |
 //!
 //! The rate-limit headers are set by [`HeaderMode`]: the legacy

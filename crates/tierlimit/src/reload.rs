@@ -167,7 +167,7 @@ mod watch {
     const MAX_DEBOUNCES: u32 = 10;
 
     /// The longest debounce [`HybridLimiter::watch_config`] takes.
-    const MAX_DEBOUNCE: Duration = Duration::from_secs(60 * 60);
+    const MAX_DEBOUNCE: Duration = Duration::from_secs(24 * 60 * 60);
 
     /// Watches a config file and reloads the limiter when it changes; see
     /// [`HybridLimiter::watch_config`]. Dropping it stops watching.
@@ -207,7 +207,7 @@ mod watch {
         /// # Errors
         ///
         /// A [`ConfigError`] when the file's directory cannot be watched, or
-        /// `debounce` is longer than an hour.
+        /// `debounce` is longer than a day.
         pub fn watch_config(
             &self,
             path: impl AsRef<Path>,
@@ -217,9 +217,10 @@ mod watch {
             let cannot = |e: &dyn std::fmt::Display| {
                 ConfigError::io(format!("cannot watch {}: {e}", path.display()))
             };
-            // A reload waits at most `MAX_DEBOUNCES` debounces: past an hour
-            // that deadline could leave the clock's range (a panic in the
-            // task, and no reload ever after).
+            // A reload waits at most `MAX_DEBOUNCES` debounces: a debounce of
+            // days is surely a mistake (a change would wait weeks), and one
+            // far longer put that deadline past the clock's range, a panic in
+            // the task and no reload ever after (`Duration::MAX` did).
             in_range("debounce", debounce, Duration::ZERO, MAX_DEBOUNCE)
                 .map_err(ConfigError::from_error)?;
             let dir = match path.parent() {

@@ -578,15 +578,15 @@ async fn a_watch_whose_debounce_is_too_long_is_refused() {
     let dir = Dir::new("watch-long");
     write(&dir.file(), &file(&server.url(), "watch-long", "5/h", ""));
     let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
-    for debounce in [Duration::MAX, Duration::from_secs(3601)] {
+    for debounce in [Duration::MAX, Duration::from_secs(86_401)] {
         let e = limiter
             .watch_config(dir.file(), debounce)
             .expect_err("an unbounded debounce");
         assert!(e.to_string().contains("debounce"), "{e}");
     }
     limiter
-        .watch_config(dir.file(), Duration::from_secs(3600))
-        .expect("an hour's debounce");
+        .watch_config(dir.file(), Duration::from_secs(86_400))
+        .expect("a day's debounce");
 }
 
 /// A file removed is rejected once, not again at every event in its
