@@ -1227,6 +1227,24 @@ fn judge_redis_again(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>
             )),
             None => checks.push(check(bound, false, "no decision by Redis under the fault")),
         }
+        // Answered within the deadline and under the slow-call threshold,
+        // Redis decides throughout: a breaker that opened on such answers
+        // (a threshold below the round trip) put the fleet on its fallback
+        // while Redis was healthy, and every other bound passed.
+        let decided: Vec<&Decision> = logs
+            .iter()
+            .flat_map(|l| &l.decisions)
+            .filter(|d| d.t >= tl.fault_at && d.t < tl.healed_at)
+            .collect();
+        let fell_back = decided.iter().filter(|d| d.tier.is_fallback()).count();
+        checks.push(check(
+            "a latency under the deadline keeps every decision on Redis (no fallback)",
+            !decided.is_empty() && fell_back == 0,
+            format!(
+                "{fell_back} of {} decisions under the fault fell back",
+                decided.len()
+            ),
+        ));
     }
     if let Some(closed) = tl.killed_after_close {
         checks.push(check(
@@ -1589,6 +1607,19 @@ mod tests {
             at(3_500_000, 1_000, Tier::Redis),
         ];
         assert!(judged(slowed).iter().all(|c| c.verdict == "PASS"));
+        // A breaker that opened on answers under the deadline.
+        let opened = vec![
+            at(1_500_000, 26_000, Tier::Redis),
+            at(1_600_000, 0, Tier::Local),
+            at(3_500_000, 1_000, Tier::Redis),
+        ];
+        let checks = judged(opened);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.verdict == "FAIL" && c.bound.contains("no fallback")),
+            "{checks:?}"
+        );
         let unslowed = vec![
             at(1_500_000, 1_000, Tier::Redis),
             at(3_500_000, 1_000, Tier::Redis),
