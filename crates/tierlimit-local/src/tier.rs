@@ -125,11 +125,17 @@ struct Now {
 }
 
 impl Now {
+    /// The monotonic clock in µs: the times the tier keeps for itself
+    /// (denials, warm seeds, settling).
+    fn mono_us(self) -> u64 {
+        self.mono_ns / 1_000
+    }
+
     /// When something happened now, for the ledger.
     fn stamp(self) -> Stamp {
         Stamp {
             unix_us: self.unix_us,
-            frame_us: self.unix_us.wrapping_sub(self.mono_ns / 1_000),
+            frame_us: self.unix_us.wrapping_sub(self.mono_us()),
         }
     }
 }
@@ -617,6 +623,10 @@ impl LocalTier {
         u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    fn mono_us(&self) -> u64 {
+        self.mono_ns() / 1_000
+    }
+
     fn now(&self) -> Now {
         Now {
             mono_ns: self.mono_ns(),
@@ -636,7 +646,7 @@ impl LocalTier {
     }
 
     fn sync_clocks(&self, now: Now) {
-        let offset = now.unix_us.wrapping_sub(now.mono_ns / 1_000);
+        let offset = now.unix_us.wrapping_sub(now.mono_us());
         self.unix_offset_us.store(offset, Ordering::Relaxed);
         self.ledger.set_frame(offset);
     }
@@ -729,7 +739,7 @@ impl LocalTier {
     /// for `settle` from now, or by those of the settle running now, if it
     /// began with an earlier outage, until the later of the two ends.
     fn settle(&self, from: u64, settle: Duration) {
-        let now = self.mono_ns() / 1_000;
+        let now = self.mono_us();
         let until = now.saturating_add(u64::try_from(settle.as_micros()).unwrap_or(u64::MAX));
         let _writer = self
             .settle_lock
@@ -747,7 +757,7 @@ impl LocalTier {
     /// every outage after it but the current one, still bound their keys).
     fn settling_from(&self, now: Now) -> Option<u64> {
         let until = self.settle_until_us.load(Ordering::Acquire);
-        (now.mono_ns / 1_000 < until).then(|| self.settle_from.load(Ordering::Relaxed))
+        (now.mono_us() < until).then(|| self.settle_from.load(Ordering::Relaxed))
     }
 
     /// While the outages that just ended settle (see [`end_outage`](Self::end_outage)):
@@ -1102,13 +1112,7 @@ impl LocalTier {
             (remaining, rule.capacity(), lasts_us)
         });
         // Not a report after the bucket's outage: it supersedes no bucket.
-        self.store_seed(
-            key.set(),
-            key.key(),
-            now.mono_ns / 1_000,
-            bucket.outage,
-            seeds,
-        )
+        self.store_seed(key.set(), key.key(), now.mono_us(), bucket.outage, seeds)
     }
 
     /// Stores `escaped_key`'s warm seed as of `now_mono_us`: per rule of `set`,
@@ -1304,7 +1308,7 @@ impl LocalTier {
     fn warm_seeds(&self, key: &LocalKey, set: &RuleSet, now: Now) -> Option<(u64, Vec<u64>)> {
         let w = self.warm.get(key)?;
         let rules = set.rules();
-        let now_mono_us = now.mono_ns / 1_000;
+        let now_mono_us = now.mono_us();
         (w.expires_mono_us > now_mono_us && w.remaining.len() == rules.len()).then(|| {
             let remaining = w
                 .remaining
@@ -1337,7 +1341,7 @@ impl LocalTier {
             let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
             (r, rule.capacity(), reset_us)
         });
-        self.store_seed(set, escaped_key, self.mono_ns() / 1_000, sent_in, seeds);
+        self.store_seed(set, escaped_key, self.mono_us(), sent_in, seeds);
     }
 
     /// Caches a Redis denial: until its retry-after passes, a request for the same
@@ -1352,7 +1356,7 @@ impl LocalTier {
         // On the monotonic clock: a retry-after is a span, and a wall clock
         // stepped back would keep the key off Redis (and tell its clients to
         // wait) that much longer.
-        let now = self.mono_ns() / 1_000;
+        let now = self.mono_us();
         let retry_us = u64::try_from(retry.as_micros()).unwrap_or(u64::MAX);
         let retry_until_us = now.saturating_add(retry_us);
         let spread = |denial: &mut Denial| {
@@ -1411,7 +1415,7 @@ impl LocalTier {
 
     #[inline(never)]
     fn cached_denial_of(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
-        let now = self.mono_ns() / 1_000;
+        let now = self.mono_us();
         let probe = Probe::new(set, escaped_key);
         let (until_us, retry_until_us, d_cost, mut decision) = {
             let d = self.denials.get(&probe)?;
@@ -1471,10 +1475,8 @@ impl LocalTier {
             // a later prune finds room or it is idle.
             !(self.superseded(key, b, now) || self.keep_as_seed(key, b, now))
         });
-        self.denials
-            .retain(|_, d| d.retry_until_us > now.mono_ns / 1_000);
-        self.warm
-            .retain(|_, w| w.expires_mono_us > now.mono_ns / 1_000);
+        self.denials.retain(|_, d| d.retry_until_us > now.mono_us());
+        self.warm.retain(|_, w| w.expires_mono_us > now.mono_us());
         self.engines.retain(|_, e| Arc::strong_count(e) > 1);
         self.sets.prune();
     }

@@ -226,7 +226,7 @@ impl Config {
     /// [`ConfigError`] too, whose one problem has an empty path.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        Config::from_file_bytes(path, std::fs::read(path))
+        Config::from_file_bytes(path, std::fs::read(path).as_deref())
     }
 
     /// The config in `read`, what reading the file at `path` gave: what
@@ -235,13 +235,13 @@ impl Config {
     /// bytes, not a second read's.
     pub(crate) fn from_file_bytes(
         path: &Path,
-        read: std::io::Result<Vec<u8>>,
+        read: Result<&[u8], &std::io::Error>,
     ) -> Result<Config, ConfigError> {
         let cannot =
             |e: &dyn fmt::Display| ConfigError::io(format!("cannot read {}: {e}", path.display()));
-        let text = String::from_utf8(read.map_err(|e| cannot(&e))?).map_err(|e| cannot(&e))?;
+        let text = std::str::from_utf8(read.map_err(|e| cannot(e))?).map_err(|e| cannot(&e))?;
         let dir = path.parent().unwrap_or(Path::new(""));
-        parse(&text, Some(dir))
+        parse(text, Some(dir))
     }
 
     /// A builder with every setting of the file applied; the settings the

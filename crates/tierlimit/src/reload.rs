@@ -288,22 +288,21 @@ mod watch {
         // change made between loading the file and watching it is applied
         // now, not at the file's next change (nor ever, were that never to
         // come).
-        //
-        // The bytes last read, None when the file could not be read: each
-        // read is compared with it, and what a reload parses is that same
-        // read (a second one could see a later write, and the bytes
-        // remembered would not be what was put in force or rejected).
-        let mut last = read.as_ref().ok().cloned();
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        if last.is_some() {
-            let loaded = Config::from_file_bytes(&path, read);
+        if read.is_ok() {
+            let loaded = Config::from_file_bytes(&path, read.as_deref());
             if !strong.is_in_force(&loaded) {
                 let _ = strong.reload_loaded(&path, loaded);
             }
         }
         drop(strong);
+        // The bytes last read, None when the file could not be read: each
+        // read is compared with it, and what a reload parses is that same
+        // read (a second one could see a later write, and the bytes
+        // remembered would not be what was put in force or rejected).
+        let mut last = read.ok();
         while events.recv().await.is_some() {
             // Quiet for `debounce` before reading: one reload per burst of
             // writes, and one at the latest after `MAX_DEBOUNCES`.
@@ -320,15 +319,14 @@ mod watch {
                 return;
             };
             let read = std::fs::read(&path);
-            let now = read.as_ref().ok();
             // Remembered whether it loads or not, or could not be read: a
             // bad or missing file is rejected (logged and counted) once, not
             // again at every wake until fixed.
-            if now == last.as_ref() {
+            if read.as_ref().ok() == last.as_ref() {
                 continue;
             }
-            last = now.cloned();
-            let _ = inner.reload_loaded(&path, Config::from_file_bytes(&path, read));
+            let _ = inner.reload_loaded(&path, Config::from_file_bytes(&path, read.as_deref()));
+            last = read.ok();
         }
     }
 
