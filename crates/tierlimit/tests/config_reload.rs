@@ -153,6 +153,16 @@ async fn admitted(limiter: &HybridLimiter, key: &str, tries: usize) -> usize {
     n
 }
 
+/// A server, and a limiter built from a file of `name` (login 5/h) in a
+/// directory of its own.
+async fn from_file(name: &str) -> (RedisServer, Dir, HybridLimiter) {
+    let server = RedisServer::start();
+    let dir = Dir::new(name);
+    write(&dir.file(), &file(&server.url(), name, "5/h", ""));
+    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    (server, dir, limiter)
+}
+
 async fn healthy(config: &Config) -> HybridLimiter {
     counters();
     let limiter = HybridLimiter::from_config(config).expect("a loaded config builds");
@@ -182,10 +192,7 @@ fn login_limit(limiter: &HybridLimiter) -> Option<u64> {
 
 #[tokio::test]
 async fn a_reloaded_file_swaps_the_sets_and_a_raised_limit_keeps_its_usage() {
-    let server = RedisServer::start();
-    let dir = Dir::new("reload");
-    write(&dir.file(), &file(&server.url(), "reload", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("reload").await;
     assert_eq!(
         limiter
             .rule_sets()
@@ -209,10 +216,7 @@ async fn a_reloaded_file_swaps_the_sets_and_a_raised_limit_keeps_its_usage() {
 
 #[tokio::test]
 async fn a_file_that_does_not_load_keeps_the_config_in_force_and_is_counted() {
-    let server = RedisServer::start();
-    let dir = Dir::new("bad");
-    write(&dir.file(), &file(&server.url(), "bad", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("bad").await;
     assert_eq!(admitted(&limiter, "u", 3).await, 3);
 
     write(&dir.file(), &file(&server.url(), "bad", "0/h", ""));
@@ -403,10 +407,7 @@ async fn start_only_settings_are_named_and_kept() {
 #[cfg(feature = "watch")]
 #[tokio::test]
 async fn a_watched_file_reloads_on_change_and_a_bad_one_is_kept_out() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch");
-    write(&dir.file(), &file(&server.url(), "watch", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("watch").await;
     let _watch = limiter
         .watch_config(dir.file(), Duration::from_millis(50))
         .expect("watch the file's directory");
@@ -475,10 +476,7 @@ fn the_readme_config_file_loads() {
 #[cfg(feature = "watch")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watched_bad_file_is_rejected_once() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch-bad");
-    write(&dir.file(), &file(&server.url(), "watch-bad", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("watch-bad").await;
     let _watch = limiter
         .watch_config(dir.file(), Duration::from_millis(20))
         .expect("watch the file's directory");
@@ -517,10 +515,7 @@ async fn a_watched_bad_file_is_rejected_once() {
 #[cfg(feature = "watch")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_neighbour_does_not_hold_a_reload_back() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch-busy");
-    write(&dir.file(), &file(&server.url(), "watch-busy", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("watch-busy").await;
     let _watch = limiter
         .watch_config(dir.file(), Duration::from_millis(100))
         .expect("watch the file's directory");
@@ -553,10 +548,7 @@ async fn a_busy_neighbour_does_not_hold_a_reload_back() {
 #[cfg(feature = "watch")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_made_before_the_watch_is_applied_when_it_starts() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch-late");
-    write(&dir.file(), &file(&server.url(), "watch-late", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("watch-late").await;
     write(&dir.file(), &file(&server.url(), "watch-late", "7/h", ""));
     let _watch = limiter
         .watch_config(dir.file(), Duration::from_millis(20))
@@ -574,10 +566,7 @@ async fn a_change_made_before_the_watch_is_applied_when_it_starts() {
 #[cfg(feature = "watch")]
 #[tokio::test]
 async fn a_watch_whose_debounce_is_too_long_is_refused() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch-long");
-    write(&dir.file(), &file(&server.url(), "watch-long", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (_server, dir, limiter) = from_file("watch-long").await;
     for debounce in [Duration::MAX, Duration::from_secs(86_401)] {
         let e = limiter
             .watch_config(dir.file(), debounce)
@@ -596,10 +585,7 @@ async fn a_watch_whose_debounce_is_too_long_is_refused() {
 #[cfg(feature = "watch")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_file_is_rejected_once() {
-    let server = RedisServer::start();
-    let dir = Dir::new("watch-gone");
-    write(&dir.file(), &file(&server.url(), "watch-gone", "5/h", ""));
-    let limiter = healthy(&Config::load(dir.file()).expect("valid file")).await;
+    let (server, dir, limiter) = from_file("watch-gone").await;
     let _watch = limiter
         .watch_config(dir.file(), Duration::from_millis(20))
         .expect("watch the file's directory");
