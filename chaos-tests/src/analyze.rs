@@ -1450,6 +1450,13 @@ mod tests {
         counts(decisions, 0, &[redis_holds]).err()
     }
 
+    /// Whether a check whose bound names `bound` failed.
+    fn fails(checks: &[Check], bound: &str) -> bool {
+        checks
+            .iter()
+            .any(|c| c.verdict == "FAIL" && c.bound.contains(bound))
+    }
+
     fn scenario_named(name: &str) -> crate::scenario::Scenario {
         crate::scenario::all(2_500, 50)
             .into_iter()
@@ -1534,11 +1541,7 @@ mod tests {
         // Closed only after that bound.
         states[1] = line(2_000_000, "closed");
         let late = judged(&states);
-        assert!(
-            late.iter()
-                .any(|c| c.verdict == "FAIL" && c.bound.contains("after return 1")),
-            "{late:?}"
-        );
+        assert!(fails(&late, "after return 1"), "{late:?}");
     }
 
     /// A breaker that closes while Redis is surely down fails the run: a
@@ -1614,34 +1617,19 @@ mod tests {
             at(3_500_000, 1_000, Tier::Redis),
         ];
         let checks = judged(opened);
-        assert!(
-            checks
-                .iter()
-                .any(|c| c.verdict == "FAIL" && c.bound.contains("no fallback")),
-            "{checks:?}"
-        );
+        assert!(fails(&checks, "no fallback"), "{checks:?}");
         let unslowed = vec![
             at(1_500_000, 1_000, Tier::Redis),
             at(3_500_000, 1_000, Tier::Redis),
         ];
         let checks = judged(unslowed);
-        assert!(
-            checks
-                .iter()
-                .any(|c| c.verdict == "FAIL" && c.bound.contains("latency")),
-            "{checks:?}"
-        );
+        assert!(fails(&checks, "latency"), "{checks:?}");
         let stuck = vec![
             at(1_500_000, 26_000, Tier::Redis),
             at(3_500_000, 10, Tier::Local),
         ];
         let checks = judged(stuck);
-        assert!(
-            checks
-                .iter()
-                .any(|c| c.verdict == "FAIL" && c.bound.contains("Redis again")),
-            "{checks:?}"
-        );
+        assert!(fails(&checks, "Redis again"), "{checks:?}");
     }
 
     /// The probe's due time an app reports is held to its longest
