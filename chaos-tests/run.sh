@@ -61,9 +61,37 @@ else
     chaos=$target/debug/chaos
 fi
 
+# The controller runs in a process group of its own (setsid), waited for in
+# the background: bash runs a trap only once its foreground command ends, so
+# a controller in the foreground would run on for minutes after a SIGTERM or
+# Ctrl-C. On either, the whole group goes (the controller, its redis-servers
+# and apps, or its compose commands), then the docker driver's cleanup runs.
+controller=
+run_controller() {
+    if command -v setsid >/dev/null; then
+        setsid "$chaos" "$@" &
+    else
+        "$chaos" "$@" &
+    fi
+    controller=$!
+    wait "$controller"
+}
+stop_controller() {
+    if [ -n "$controller" ]; then
+        # CONT after TERM: a redis-server the scenario paused (SIGSTOP)
+        # takes its TERM only once it runs again.
+        kill -TERM -- "-$controller" 2>/dev/null || kill -TERM "$controller" 2>/dev/null || true
+        kill -CONT -- "-$controller" 2>/dev/null || true
+        wait "$controller" 2>/dev/null || true
+    fi
+    exit "$1"
+}
+trap 'stop_controller 130' INT
+trap 'stop_controller 143' TERM
+
 case "$driver" in
     process)
-        "$chaos" --driver process ${args[@]+"${args[@]}"}
+        run_controller --driver process ${args[@]+"${args[@]}"}
         ;;
 
     docker)
@@ -106,8 +134,6 @@ case "$driver" in
             exit "$rc"
         }
         trap cleanup EXIT
-        trap 'exit 130' INT
-        trap 'exit 143' TERM
 
         case "${CHAOS_IMAGES:-local}" in
             local)
@@ -140,7 +166,7 @@ case "$driver" in
         echo "run.sh: images: $CHAOS_REDIS_IMAGE, $CHAOS_APP_IMAGE (pull_policy $CHAOS_PULL_POLICY)" >&2
 
         # Not `exec`: the EXIT trap must run after the controller.
-        "$chaos" --driver docker ${args[@]+"${args[@]}"}
+        run_controller --driver docker ${args[@]+"${args[@]}"}
         ;;
 
     *)

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tierlimit::{BreakerConfig, BreakerState, HybridLimiter, Instances, RedisFailure, Tier};
 use tokio::sync::mpsc;
 
-use crate::plan::{AppPlan, Sabotage, key, rule_sets, tier_code};
+use crate::plan::{AppPlan, HUNG_CHECK, Sabotage, key, rule_sets, tier_code};
 use crate::unix_us;
 
 /// The breaker settings every chaos app uses: production thresholds with short
@@ -37,10 +37,6 @@ pub fn breaker() -> BreakerConfig {
     b.max_cool_down = Duration::from_secs(1);
     b
 }
-
-/// How long a check may take before the app logs it as an error: far past
-/// any deadline and any stall of a busy machine.
-const HUNG_CHECK: Duration = Duration::from_secs(10);
 
 /// Runs one app to completion. Errors are set-up errors (bad plan, unwritable log).
 pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
@@ -134,10 +130,16 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                     // unlogged, no bound would ever see it.
                     let check = async {
                         let r = limiter.check(&key(stream, k), &sets[stream], 1).await;
-                        if plan.sabotage == Sabotage::HangWithoutRedis
-                            && matches!(&r, Ok(d) if d.tier != Tier::Redis)
-                        {
-                            std::future::pending::<()>().await;
+                        if matches!(&r, Ok(d) if d.tier != Tier::Redis) {
+                            match plan.sabotage {
+                                Sabotage::HangWithoutRedis => std::future::pending::<()>().await,
+                                // Blocks the runtime's only worker: no timer
+                                // fires again and the app never exits.
+                                Sabotage::BlockWithoutRedis => {
+                                    std::thread::sleep(Duration::from_secs(3_600))
+                                }
+                                _ => {}
+                            }
                         }
                         r
                     };

@@ -1,6 +1,7 @@
 //! Where Redis and the apps run, and how faults are made: one trait, two drivers.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::plan::AppPlan;
 
@@ -167,8 +168,31 @@ pub trait Driver {
     fn start_apps(&mut self, dir: &Path, plans: &[AppPlan]) -> Result<(), String>;
     /// Performs an action.
     fn act(&mut self, action: Action) -> Result<(), String>;
-    /// Waits for every app still running to exit by itself.
-    fn wait_apps(&mut self) -> Result<(), String>;
+    /// Waits for every app still running to exit by itself, until `by`: an
+    /// app still running then is an error (teardown kills it).
+    fn wait_apps(&mut self, by: Instant) -> Result<(), String>;
     /// Stops and removes everything this scenario started.
     fn teardown(&mut self);
+}
+
+/// Polls `exited` (which answers `Some` once the app has exited) every
+/// `every` until `by`; an app still running then is an error naming `app`.
+pub(crate) fn wait_until<T>(
+    app: &str,
+    by: Instant,
+    every: Duration,
+    mut exited: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T, String> {
+    loop {
+        if let Some(done) = exited()? {
+            return Ok(done);
+        }
+        if Instant::now() >= by {
+            return Err(format!(
+                "{app} did not exit by itself in time: it is stuck (a blocked \
+                 runtime or a check that never ends), and is killed"
+            ));
+        }
+        std::thread::sleep(every);
+    }
 }

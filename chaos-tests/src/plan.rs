@@ -26,17 +26,30 @@ pub enum Sabotage {
     /// A check made without Redis never returns (its future waits for
     /// nothing, forever).
     HangWithoutRedis,
+    /// A check made without Redis blocks the app's only runtime thread for
+    /// an hour: the app never exits by itself.
+    BlockWithoutRedis,
 }
 
 impl Sabotage {
     /// Every sabotage, by its command-line name.
-    pub const ALL: [(&str, Sabotage); 4] = [
+    pub const ALL: [(&str, Sabotage); 5] = [
         ("no-deadline", Sabotage::NoDeadline),
         ("panic-without-redis", Sabotage::PanicWithoutRedis),
         ("abort-without-redis", Sabotage::AbortWithoutRedis),
         ("hang-without-redis", Sabotage::HangWithoutRedis),
+        ("block-without-redis", Sabotage::BlockWithoutRedis),
     ];
 }
+
+/// How long a check may take before the app logs it as an error: far past
+/// any deadline and any stall of a busy machine.
+pub const HUNG_CHECK: Duration = Duration::from_secs(10);
+
+/// How long past its plan's worst case (the load, a last check hung for
+/// [`HUNG_CHECK`], the whole drain) an app may take to exit before the
+/// controller gives up on it: its runtime, flush and exit on a loaded machine.
+pub const EXIT_GRACE: Duration = Duration::from_secs(15);
 
 /// The global limit of the local-fallback stream's binding rule, per key per
 /// second (a fixed window, so "per window" is exact).
@@ -136,6 +149,15 @@ pub struct AppPlan {
     /// so the apps learn their count within the warm-up).
     #[serde(default)]
     pub heartbeat_ms: u64,
+}
+
+impl AppPlan {
+    /// How long after the load's start the app has surely exited, unless it
+    /// is stuck: the load, a last check hung for [`HUNG_CHECK`], the whole
+    /// drain and [`EXIT_GRACE`].
+    pub fn exits_within(&self) -> Duration {
+        Duration::from_millis(self.run_ms + self.drain_ms) + HUNG_CHECK + EXIT_GRACE
+    }
 }
 
 impl AppPlan {

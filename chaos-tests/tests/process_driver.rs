@@ -163,3 +163,20 @@ fn a_check_that_never_returns_fails_the_suite() {
         "no failure names the errors: {failures:?}"
     );
 }
+
+/// An app whose only runtime thread is blocked never exits: the run gives up
+/// on it once its plan's worst case has passed, instead of waiting for ever
+/// (CI would hang until its own limit and report nothing).
+#[test]
+fn an_app_that_never_exits_fails_the_suite_in_bounded_time() {
+    let started = std::time::Instant::now();
+    let e = broken_run(Sabotage::BlockWithoutRedis, "block");
+    assert!(e.contains("did not exit by itself in time"), "{e}");
+    // hang-redis quick: 1.5 s lead, a 6 s load, then HUNG_CHECK (10 s), the
+    // drain (10 s) and EXIT_GRACE (15 s): about 43 s, then the kill.
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(120),
+        "gave up after {took:?}"
+    );
+}

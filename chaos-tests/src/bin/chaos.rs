@@ -1,5 +1,5 @@
 //! The chaos controller:
-//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis|hang-without-redis]`.
+//! `chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage NAME]`.
 //!
 //! Runs the scenarios, shows progress, writes `<report-dir>/<STEM>.{json,md,svg}`
 //! and exits non-zero when a bound broke, printing one `FAIL` line per bound.
@@ -80,8 +80,18 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("chaos: {e}");
             }
+            let sabotages: Vec<&str> = Sabotage::ALL.iter().map(|(n, _)| *n).collect();
             eprintln!(
-                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage no-deadline|panic-without-redis|abort-without-redis|hang-without-redis]"
+                "usage: chaos [--driver process|docker] [--scenario NAME[,NAME..]] [--quick] [--topology single|cluster] [--report-dir DIR] [--name STEM] [--sabotage {}]",
+                sabotages.join("|")
+            );
+            eprintln!(
+                "scenarios: {}",
+                scenario::all(0, 0)
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             return ExitCode::from(2);
         }

@@ -704,25 +704,44 @@ impl Driver for DockerDriver {
         Ok(())
     }
 
-    fn wait_apps(&mut self) -> Result<(), String> {
+    fn wait_apps(&mut self, by: Instant) -> Result<(), String> {
         let p = self.project()?;
-        let apps = p.apps.clone();
-        for (i, id) in apps.iter().enumerate() {
-            let code = docker(&["wait", id])?;
-            // A killed app exits by SIGKILL (137); that is the scenario, not a failure.
-            if code != "0" && !self.project()?.killed[i] {
+        let mut apps: Vec<(String, String, bool)> = p
+            .apps
+            .iter()
+            .zip(&p.killed)
+            .enumerate()
+            .map(|(i, (id, killed))| (format!("app {i}"), id.clone(), *killed))
+            .collect();
+        apps.extend(
+            p.restarted
+                .iter()
+                .map(|(i, id, killed)| (format!("app {i} (restarted)"), id.clone(), *killed)),
+        );
+        for (app, id, killed) in apps {
+            let code = super::wait_until(&app, by, Duration::from_millis(200), || {
+                let state = docker(&[
+                    "inspect",
+                    "-f",
+                    "{{.State.Running}} {{.State.ExitCode}}",
+                    &id,
+                ])?;
+                Ok(match state.split_once(' ') {
+                    Some(("false", code)) => Some(code.to_string()),
+                    _ => None,
+                })
+            })?;
+            // A killed app exits by SIGKILL (128 + 9); that is the scenario.
+            // Any other end (an abort, a panic, the OOM killer) is a failure.
+            let expected = if killed { "137" } else { "0" };
+            if code != expected {
                 return Err(format!(
-                    "app {i} exited with status {code}; its output ends:\n{}",
-                    logs(id)
-                ));
-            }
-        }
-        let restarted = self.project()?.restarted.clone();
-        for (i, id, killed) in restarted {
-            let code = docker(&["wait", &id])?;
-            if code != "0" && !killed {
-                return Err(format!(
-                    "app {i} (restarted) exited with status {code}; its output ends:\n{}",
+                    "{app} exited with status {code}{}; its output ends:\n{}",
+                    if killed {
+                        " (killed: 137 expected)"
+                    } else {
+                        ""
+                    },
                     logs(&id)
                 ));
             }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tierlimit_test::{Fault, FaultProxy, RedisCluster, RedisServer};
 
@@ -90,6 +90,14 @@ impl ProcessDriver {
             .arg(&plan_path)
             .spawn()
             .map_err(|e| format!("starting {}: {e}", self.app_bin.display()))
+    }
+}
+
+/// A panic mid-scenario (an action that gave up) unwinds past `teardown`:
+/// the apps and servers must not outlive the driver and load the next test.
+impl Drop for ProcessDriver {
+    fn drop(&mut self) {
+        self.teardown();
     }
 }
 
@@ -192,7 +200,7 @@ impl Driver for ProcessDriver {
         Ok(())
     }
 
-    fn wait_apps(&mut self) -> Result<(), String> {
+    fn wait_apps(&mut self, by: Instant) -> Result<(), String> {
         let apps = self
             .apps
             .iter_mut()
@@ -204,9 +212,15 @@ impl Driver for ProcessDriver {
             .map(|(i, app)| (*i, " (restarted)", app));
         for (i, which, app) in apps.chain(restarted) {
             let pid = app.id();
-            let status = app
-                .wait()
-                .map_err(|e| format!("waiting for app {i}{which}: {e}"))?;
+            let status = super::wait_until(
+                &format!("app {i}{which}"),
+                by,
+                Duration::from_millis(20),
+                || {
+                    app.try_wait()
+                        .map_err(|e| format!("waiting for app {i}{which}: {e}"))
+                },
+            )?;
             // An app the scenario killed dies by signal; any other death
             // (an abort, the OOM killer) is a failure.
             let killed = status.code().is_none() && self.killed.contains(&pid);

@@ -342,27 +342,66 @@ fn addr(node: &RedisServer) -> String {
     format!("127.0.0.1:{}", node.port())
 }
 
+/// How long `redis-cli --cluster create` may take: it waits for ever for
+/// nodes that cannot reach each other's cluster bus.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Joins fresh cluster-enabled nodes (`host:port` each, six for 3 masters and
 /// 3 replicas) with `redis-cli --cluster create ... --cluster-replicas 1
-/// --cluster-yes`; an error says what went wrong (redis-cli missing, or its
-/// output).
+/// --cluster-yes`; an error says what went wrong (redis-cli missing, its
+/// output, or that it did not finish within a minute).
 pub fn create_cluster(addrs: &[String]) -> Result<(), String> {
-    let out = Command::new("redis-cli")
+    let child = Command::new("redis-cli")
         .arg("--cluster")
         .arg("create")
         .args(addrs)
         .args(["--cluster-replicas", "1", "--cluster-yes"])
         .stdin(Stdio::null())
-        .output();
-    match out {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(format!(
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(CLI_NOT_FOUND.to_owned()),
+        Err(e) => return Err(format!("cannot run redis-cli: {e}")),
+    };
+    // Read while it runs: a full pipe would stop it.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let end = Instant::now() + CREATE_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < end => sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Err(e) => return Err(format!("waiting for redis-cli: {e}")),
+        }
+    };
+    let output = format!(
+        "{}{}",
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default()
+    );
+    match status {
+        Some(status) if status.success() => Ok(()),
+        Some(_) => Err(format!("redis-cli --cluster create failed: {output}")),
+        None => Err(format!(
+            "redis-cli --cluster create did not finish within {CREATE_TIMEOUT:?} (can the \
+             nodes reach each other's cluster bus, port + 10000?); its output: {output}"
         )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CLI_NOT_FOUND.to_owned()),
-        Err(e) => Err(format!("cannot run redis-cli: {e}")),
     }
 }
 
