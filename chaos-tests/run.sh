@@ -117,7 +117,9 @@ case "$driver" in
 
         # The driver names its projects ${CHAOS_PROJECT}x<n>; if the controller
         # dies without cleaning up (Ctrl-C, SIGKILL), remove what it left.
-        export CHAOS_PROJECT=tlchaos$$
+        # The pid and a random number: runs in two containers of one CI host
+        # may share a pid, and one's cleanup would remove the other's.
+        export CHAOS_PROJECT=tlchaos$$r$RANDOM
         cleanup() {
             local rc=$? id project
             set +e

@@ -39,19 +39,24 @@ impl PerOp {
     }
 }
 
+/// What a region allocated, per operation of `n`. stats_alloc adds what a
+/// `realloc` grew by to `bytes_allocated` itself (`bytes_reallocated` is
+/// the same growth again, net of shrinks): counting both counted it twice.
+fn per_op(region: &Region<'_, System>, n: u64) -> PerOp {
+    let s = region.change();
+    PerOp {
+        allocs: (s.allocations + s.reallocations) as f64 / n as f64,
+        bytes: s.bytes_allocated as f64 / n as f64,
+    }
+}
+
 /// Runs `op` for `0..n` and counts what it allocated, per operation.
 fn count(n: u64, mut op: impl FnMut(u64)) -> PerOp {
     let region = Region::new(GLOBAL);
     for i in 0..n {
         op(i);
     }
-    let s = region.change();
-    let allocs = (s.allocations + s.reallocations) as f64;
-    let bytes = s.bytes_allocated as f64 + s.bytes_reallocated.max(0) as f64;
-    PerOp {
-        allocs: allocs / n as f64,
-        bytes: bytes / n as f64,
-    }
+    per_op(&region, n)
 }
 
 /// Counts `op` on the runtime, all `n` in one `block_on`.
@@ -62,13 +67,21 @@ fn count_async<F: Future>(rt: &Runtime, n: u64, mut op: impl FnMut(u64) -> F) ->
             op(i).await;
         }
     });
-    let s = region.change();
-    let allocs = (s.allocations + s.reallocations) as f64;
-    let bytes = s.bytes_allocated as f64 + s.bytes_reallocated.max(0) as f64;
-    PerOp {
-        allocs: allocs / n as f64,
-        bytes: bytes / n as f64,
-    }
+    per_op(&region, n)
+}
+
+/// The counter counts what it should, before anything is reported from it:
+/// one allocation of 8 bytes grown to 1,008 is 2 allocations of 1,008 bytes.
+fn check_the_counter() {
+    let got = count(1, |_| {
+        let mut v = vec![0u8; 8];
+        v.reserve_exact(1_000);
+        black_box(v);
+    });
+    assert!(
+        got.allocs == 2.0 && got.bytes == 1_008.0,
+        "the allocation counter is off: {got:?} for one allocation of 8 bytes grown to 1,008"
+    );
 }
 
 struct Out<'h> {
@@ -105,6 +118,7 @@ impl Out<'_> {
 }
 
 fn main() {
+    check_the_counter();
     let mut harness = Harness::from_args("allocations");
     let quick = harness.quick();
     let local_n: u64 = if quick { 100 } else { 20_000 };

@@ -68,7 +68,7 @@ fn main() {
         ("no-headers", HeaderMode::None),
     ] {
         let layer = RateLimitLayer::builder(limiter.clone())
-            .key(HeaderKey::api_key("x-api-key"))
+            .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
             .default_route(set.clone(), 1)
             .headers(mode)
             .build()

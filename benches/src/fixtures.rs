@@ -137,3 +137,39 @@ pub fn poll_ready<F: Future>(fut: F) -> F::Output {
         Poll::Pending => panic!("a future expected to be ready at once awaited something"),
     }
 }
+
+/// The name of the Functions library's function `<prefix><id>` (`<id>` being
+/// the library's own, read from its source: the tier keeps its names to
+/// itself): `tierlimit_check_` or `tierlimit_check_batch_`.
+pub fn library_function(prefix: &str) -> String {
+    let source = tierlimit_redis::library_source();
+    let id = source
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name=tierlimit_"))
+        .expect("the library's first line names it tierlimit_<id>");
+    let name = format!("{prefix}{id}");
+    assert!(
+        source.contains(&format!("redis.register_function('{name}'")),
+        "the library registers {name}"
+    );
+    name
+}
+
+/// `FCALL <function> 1 <storage key> <now> 1 42 <the rule's numbers>`: what
+/// the tier sends for one check of user `key` of `set`'s first rule, cost 1,
+/// at `now_us` (µs since the Unix epoch, the caller's clock) or, for 0, at
+/// the server's time.
+pub fn fcall_args(function: &str, set: &RuleSet, key: &str, now_us: u64) -> Vec<String> {
+    let mut args = vec![
+        "FCALL".to_string(),
+        function.to_string(),
+        "1".into(),
+        set.storage_key(key, 0),
+        now_us.to_string(),
+        "1".into(),
+        "42".into(),
+    ];
+    args.push(set.script_arg(0).to_string());
+    args
+}

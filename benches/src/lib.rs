@@ -75,8 +75,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fixtures::{
-    GENEROUS_BURST, GENEROUS_RATE_PER_SECOND, dead_redis_url, generous_quota, generous_set,
-    healthy_limiter, poll_ready, runtime, tripped_limiter,
+    GENEROUS_BURST, GENEROUS_RATE_PER_SECOND, dead_redis_url, fcall_args, generous_quota,
+    generous_set, healthy_limiter, library_function, poll_ready, runtime, tripped_limiter,
 };
 pub use minimal::MINIMAL_SCRIPTS;
 

@@ -63,6 +63,9 @@ pub struct AppLog {
     pub states: Vec<StateLine>,
     /// The final counters: reconciled, expired, overflow, pending, batches retried, instances.
     pub last: Option<[u64; 6]>,
+    /// What the ledger owed, (t, units), at each change while the breaker
+    /// was Closed.
+    pub pending: Vec<(u64, u64)>,
 }
 
 /// A breaker state an app logged. The app polls its breaker, so the
@@ -128,6 +131,11 @@ impl AppLog {
                         due: n(3),
                         since: n(4).unwrap_or(at),
                     })
+                }
+                Some("p") if f.len() == 3 => {
+                    if let (Some(t), Some(units)) = (n(1), n(2)) {
+                        log.pending.push((t, units));
+                    }
                 }
                 Some("f") if f.len() == 7 => {
                     let mut v = [0; 6];
@@ -1256,6 +1264,24 @@ fn judge_redis_again(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>
                 "it never closed: killed after 5 s of waiting"
             },
         ));
+        // Its log ends where it died: what it last said it owed is what the
+        // kill took from it, so the kill did land mid-drain.
+        let owed = tl
+            .killed
+            .last()
+            .and_then(|(i, _)| logs.get(*i))
+            .and_then(|log| log.pending.last().copied());
+        checks.push(check(
+            "the app killed mid-drain still owed units when it died",
+            owed.is_some_and(|(_, units)| units > 0),
+            match owed {
+                Some((t, units)) => format!(
+                    "its last report, at {:.3} s: {units} units owed",
+                    t as f64 / 1e6
+                ),
+                None => "it reported nothing owed after the heal".to_string(),
+            },
+        ));
     }
 }
 
@@ -1494,11 +1520,40 @@ mod tests {
     /// An app that logged only `states`.
     fn states_only(states: Vec<StateLine>) -> [AppLog; 1] {
         [AppLog {
-            decisions: Vec::new(),
-            errors: Vec::new(),
             states,
-            last: None,
+            ..AppLog::default()
         }]
+    }
+
+    /// The app killed after the heal must have died owing units: a kill that
+    /// landed once its drain was done (a slow `docker kill`) tested nothing,
+    /// and passed before.
+    #[test]
+    fn a_kill_after_the_drain_is_no_kill_mid_drain() {
+        let scenario = scenario_named("app-killed-in-reconcile");
+        let timeline = Timeline {
+            killed: vec![(0, 5_000_000)],
+            killed_after_close: Some(true),
+            ..Timeline::default()
+        };
+        let ctx = one_app(&scenario, timeline);
+        for (owed, fails_it) in [
+            (vec![(4_000_000, 300), (4_900_000, 12)], false),
+            (vec![(4_000_000, 300), (4_900_000, 0)], true),
+            (vec![], true),
+        ] {
+            let logs = [AppLog {
+                pending: owed.clone(),
+                ..AppLog::default()
+            }];
+            let mut checks = Vec::new();
+            judge_redis_again(&ctx, &logs, &mut checks);
+            assert_eq!(
+                fails(&checks, "still owed units when it died"),
+                fails_it,
+                "{owed:?}: {checks:#?}"
+            );
+        }
     }
 
     /// A breaker that closed after Redis' first return but never tripped at
@@ -1600,6 +1655,7 @@ mod tests {
                 errors: Vec::new(),
                 states: Vec::new(),
                 last: Some([0; 6]),
+                ..AppLog::default()
             }];
             let mut checks = Vec::new();
             judge_redis_again(&ctx, &logs, &mut checks);

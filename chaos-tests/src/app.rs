@@ -90,6 +90,7 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
             let mut last = None;
             // When this task last looked: a transition it sees happened since.
             let mut polled = rel();
+            let mut last_pending = None;
             loop {
                 let looking = rel();
                 let seen = limiter.breaker().transitions();
@@ -103,6 +104,16 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                         });
                     let _ = tx.send(format!("s,{},{},{},{polled}", rel(), state.as_str(), due));
                     last = Some(seen);
+                }
+                // What the ledger still owes, while Closed (the drain), at
+                // each change: the judge reads from it whether an app killed
+                // after the heal died mid-drain.
+                if state == BreakerState::Closed {
+                    let pending = limiter.reconcile_stats().pending_units;
+                    if Some(pending) != last_pending {
+                        let _ = tx.send(format!("p,{},{pending}", rel()));
+                        last_pending = Some(pending);
+                    }
                 }
                 polled = looking;
                 tokio::time::sleep(Duration::from_millis(1)).await;

@@ -177,6 +177,8 @@ struct Tail {
     denied: u64,
     /// (t, state) of every breaker line seen.
     states: Vec<(u64, String)>,
+    /// What the ledger owed at the last `p` line seen.
+    pending: Option<u64>,
 }
 
 impl Tail {
@@ -188,6 +190,7 @@ impl Tail {
             admitted: 0,
             denied: 0,
             states: Vec::new(),
+            pending: None,
         }
     }
 
@@ -215,6 +218,7 @@ impl Tail {
                 Some("s") if f.len() >= 4 => self
                     .states
                     .push((f[1].parse().unwrap_or(0), f[2].to_string())),
+                Some("p") if f.len() == 3 => self.pending = f[2].parse().ok(),
                 _ => {}
             }
         }
@@ -307,6 +311,17 @@ fn run_inner(
     };
     let watch = StallWatch::start(origin).map_err(|e| format!("the stall watch: {e}"))?;
     driver.start_apps(&dir, &plans)?;
+    // Started after the load's start, the apps would lose warm-up, and the
+    // bounds judged on it would blame the limiter for the machine.
+    let late_us = unix_us().saturating_sub(start_us);
+    if late_us > 0 {
+        return Err(format!(
+            "the apps were started {} ms after the load's start ({} ms of lead were not enough \
+             on this machine): no bound would be fair",
+            late_us / 1_000,
+            cfg.lead_ms
+        ));
+    }
     let began = Instant::now();
     // One per log, a restarted app's new process's included.
     let mut tails: Vec<Tail> = plans.iter().map(|p| Tail::new(p.out.clone())).collect();
@@ -430,13 +445,14 @@ fn run_inner(
         rb.ended_at = healed_at;
     }
     if let Some(app) = sc.kill_app_after_close {
-        // Kill it once its log shows the breaker closed again: mid-drain.
+        // Kill it once its log shows the breaker closed again and its
+        // ledger still owing: mid-drain (the judge checks where it died).
         let mut tail = Tail::new(dir.join(format!("app{app}.log")));
         let end = Instant::now() + Duration::from_secs(5);
         while Instant::now() < end
             && !{
                 tail.poll();
-                tail.closed_since(heal_asked)
+                tail.closed_since(heal_asked) && tail.pending.is_some_and(|units| units > 0)
             }
         {
             std::thread::sleep(Duration::from_millis(5));

@@ -108,8 +108,10 @@ use std::time::Instant;
 
 use serde_json::json;
 use tierlimit::{Algorithm, Rule, RuleSet};
-use tierlimit_benches::{Harness, Spread, pin_server_and_load, redis_tool, runtime};
-use tierlimit_redis::{RedisTier, RedisTierConfig, ScriptMode, library_source};
+use tierlimit_benches::{
+    Harness, Spread, fcall_args, library_function, pin_server_and_load, redis_tool, runtime,
+};
+use tierlimit_redis::{RedisTier, RedisTierConfig, ScriptMode};
 use tierlimit_test::RedisServer;
 
 /// The variable naming the directory that holds the peers' scripts.
@@ -563,25 +565,6 @@ fn spread_json(s: Spread) -> serde_json::Value {
     json!({ "median": s.median, "min": s.min, "max": s.max })
 }
 
-/// The name of the library's single-check function, `tierlimit_check_<id>`,
-/// read from the library's source (the tier keeps its names to itself).
-/// The name of the library's function `<prefix><id>` (`<id>` being the
-/// library's own): `tierlimit_check_` or `tierlimit_check_batch_`.
-fn library_function(prefix: &str) -> String {
-    let source = library_source();
-    let id = source
-        .lines()
-        .next()
-        .and_then(|line| line.strip_prefix("#!lua name=tierlimit_"))
-        .expect("the library's first line names it tierlimit_<id>");
-    let name = format!("{prefix}{id}");
-    assert!(
-        source.contains(&format!("redis.register_function('{name}'")),
-        "the library registers {name}"
-    );
-    name
-}
-
 /// `FCALL <batch function> 16 <16 storage keys> 16 1 42 0 <the set's rules>
 /// then per check 1`: what the tier sends for a batch of `BATCH` checks of
 /// one rule set at server time, cost 1 (see lua/check_batch.lua).
@@ -599,23 +582,6 @@ fn batch_args(function: &str, set: &RuleSet, key: &str) -> Vec<String> {
     ]);
     args.push(set.script_arg(0).to_string());
     args.extend((0..BATCH).map(|_| "1".to_string()));
-    args
-}
-
-/// `FCALL <function> 1 <storage key> <now> 1 42 <the rule's numbers>`: what
-/// the tier sends for one check of user `key`, cost 1, at `now_us` (µs since
-/// the Unix epoch, the caller's clock) or, for 0, at the server's time.
-fn fcall_args(function: &str, set: &RuleSet, key: &str, now_us: u64) -> Vec<String> {
-    let mut args = vec![
-        "FCALL".to_string(),
-        function.to_string(),
-        "1".into(),
-        set.storage_key(key, 0),
-        now_us.to_string(),
-        "1".into(),
-        "42".into(),
-    ];
-    args.push(set.script_arg(0).to_string());
     args
 }
 

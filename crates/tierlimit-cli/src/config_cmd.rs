@@ -89,8 +89,8 @@ fn check(file: &std::path::Path) -> ExitCode {
 }
 
 /// A rule as the file could have written it, with its algorithm:
-/// `100/s (gcra)`, `1000/d@+08:00 (fixed-window)`. A calendar rule at UTC
-/// itself shows no `@`.
+/// `100/s (gcra)`, `1000/d@+08:00 (fixed-window)`; a calendar rule at UTC
+/// shows `@UTC`.
 fn describe_rule(rule: &Rule) -> String {
     let us = rule.period_micros();
     let period = [

@@ -89,7 +89,12 @@ impl FakeClock {
     /// Moves time forward.
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        self.nanos.fetch_add(by, Ordering::SeqCst);
+        // Saturating: a wrapped add would run the monotonic clock backwards.
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_add(by))
+            });
     }
 }
 
@@ -105,6 +110,23 @@ impl Clock for FakeClock {
     }
 
     fn unix_micros(&self) -> u64 {
-        self.unix_base_us + self.nanos.load(Ordering::SeqCst) / 1_000
+        self.unix_base_us
+            .saturating_add(self.nanos.load(Ordering::SeqCst) / 1_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake clock stops at its end instead of wrapping: time never runs back.
+    #[test]
+    fn a_fake_clock_advanced_past_its_end_stays_there() {
+        let clock = FakeClock::new(u64::MAX - 1);
+        clock.advance(Duration::MAX);
+        let end = clock.now();
+        clock.advance(Duration::MAX);
+        assert!(clock.now() >= end);
+        assert_eq!(clock.unix_micros(), u64::MAX);
     }
 }

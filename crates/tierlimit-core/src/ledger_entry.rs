@@ -190,17 +190,24 @@ pub fn window_index(rule: &Rule, now_us: u64) -> u64 {
 }
 
 /// Start (µs since the epoch) of the window holding `now_us`, for windows of
-/// `period_us` aligned to the epoch shifted by `utc_offset_s`.
+/// `period_us` aligned to the epoch shifted by `utc_offset_s`. A period of 0
+/// (no rule has one) is taken as 1 µs.
 pub fn window_start(now_us: u64, period_us: u64, utc_offset_s: i32) -> u64 {
     let off = i128::from(utc_offset_s) * 1_000_000;
     let shifted = (i128::from(now_us) + off).max(0);
-    let start = shifted - shifted % i128::from(period_us) - off;
+    let start = shifted - shifted % i128::from(period_us.max(1)) - off;
     u64::try_from(start.max(0)).unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Public, so total: a period of 0 panicked with a remainder by zero.
+    #[test]
+    fn a_window_of_no_length_does_not_panic() {
+        assert_eq!(window_start(5, 0, 0), 5);
+    }
 
     /// A bucket whose burst is above its limit takes longer than a period
     /// to refill, and units admitted into it matter for as long; one below

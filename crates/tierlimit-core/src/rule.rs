@@ -240,7 +240,13 @@ impl Rule {
             .filter(|us| *us <= MAX_EXACT)
             .ok_or(Error::PeriodTooLong {
                 period,
-                max: Duration::from_micros(MAX_EXACT),
+                // The bound that holds for this rule: a bursting algorithm's
+                // refill is held to less (see `validated`).
+                max: Duration::from_micros(if algorithm.has_burst() {
+                    MAX_REFILL_US
+                } else {
+                    MAX_EXACT
+                }),
             })?;
         Rule {
             limit,

@@ -22,7 +22,8 @@ const STRIPE_MARK: &str = "%s";
 /// Stripe `stripe`'s share of `total` units over `stripes` stripes: `total /
 /// stripes`, plus one for each of the first `total % stripes` stripes. The
 /// shares of all stripes add up to `total` exactly, and for `u <= total`
-/// every stripe's share of `u` is at most its share of `total`.
+/// every stripe's share of `u` is at most its share of `total`. No stripes
+/// counts as one.
 ///
 /// # Panics
 ///
@@ -37,7 +38,8 @@ const STRIPE_MARK: &str = "%s";
 /// assert_eq!(shares, [3, 3, 2, 2]);
 /// ```
 pub fn stripe_share(total: u64, stripes: u32, stripe: u32) -> u64 {
-    let k = u64::from(stripes);
+    // 0 stripes (no set has them) is one: a division by zero panicked.
+    let k = u64::from(stripes.max(1));
     total / k + u64::from(u64::from(stripe) < total % k)
 }
 
@@ -168,6 +170,12 @@ impl Rule {
 mod tests {
     use super::*;
     use crate::{Algorithm, escape_key};
+
+    /// Public, so total: 0 stripes divided by zero.
+    #[test]
+    fn no_stripes_is_one_stripe() {
+        assert_eq!(stripe_share(10, 0, 0), 10);
+    }
 
     /// A stripe past the last is an error, not another stripe's share;
     /// and a window's share is made as a window, though it counts more than

@@ -192,7 +192,9 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
                 previous,
             };
             if rule.algorithm() == Algorithm::FixedWindow {
-                return if current + cost <= share.limit {
+                // Not `current + cost`: a cost near u64::MAX (the local
+                // tier's callers need not validate it) wrapped to an admission.
+                return if cost <= share.limit.saturating_sub(current) {
                     let eval = Eval {
                         ok: true,
                         remaining: share.limit - current - cost,

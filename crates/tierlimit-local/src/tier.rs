@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use dashmap::mapref::one::RefMut;
 use smallvec::SmallVec;
 use tierlimit_core::{
     Clock, Decision, Error, MAX_RULES, Result, Rule, RuleSet, RuleState, Tier, owed_since_us,
@@ -78,7 +79,8 @@ impl Default for LocalConfig {
 }
 
 impl LocalConfig {
-    /// Checks every bound is at least 1.
+    /// Checks every count bound is at least 1 and `max_bytes` at least
+    /// 4 MiB (the largest rule set must fit its share of it).
     pub fn validate(&self) -> Result<()> {
         for (name, value) in [
             ("max_keys", self.max_keys),
@@ -761,11 +763,27 @@ impl LocalTier {
     }
 
     /// While the outages that just ended settle (see [`end_outage`](Self::end_outage)):
-    /// charges `cost` to the key's bucket from one of them, if it has one, and
-    /// answers its denial when that bucket has no room, so Redis is not asked
-    /// (the caller asks Redis when this is `None`). Free otherwise: once the
-    /// settling time has passed, it reads no clock until the next outage ends.
-    pub fn settling(&self, escaped_key: &str, set: &RuleSet, cost: u64) -> Option<Decision> {
+    /// charges `cost` to the key's bucket from one of them and answers its
+    /// denial when that bucket has no room, so Redis is not asked (the caller
+    /// asks Redis when this is `None`). Free otherwise: once the settling time
+    /// has passed, it reads no clock until the next outage ends.
+    ///
+    /// `instances`: `Some` for a set that falls back to this tier (its share
+    /// of that count). A key without a bucket from those outages then gets one
+    /// now, started from its seed: the other instances may have spent their
+    /// shares of it locally, and Redis does not count them until they are
+    /// back and have written them back, so the first instance back must not
+    /// take more than its own share meanwhile. `None` asks Redis for such a
+    /// key. `rules`, when given, gets each rule's state on a denial (cleared
+    /// first), as [`check_rules`](Self::check_rules) gives it.
+    pub fn settling(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        cost: u64,
+        instances: Option<u64>,
+        rules: Option<&mut Vec<RuleState>>,
+    ) -> Option<Decision> {
         let until = self.settle_until_us.load(Ordering::Acquire);
         if until == 0 {
             return None;
@@ -788,25 +806,43 @@ impl LocalTier {
         let from = self.settle_from.load(Ordering::Relaxed);
         let current = self.outage();
         let probe = Probe::new(set, escaped_key);
-        let mut bucket = self.buckets.get_mut(&probe)?;
-        if !(from..current).contains(&bucket.outage) {
-            return None;
-        }
-        let written = bucket.engine.clone()?;
-        let engine = if same_limits(&written.set, set) {
-            written
-        } else {
-            // Limits changed since: charge the same usage by the new ones.
-            let engine = self.engine(set, written.instances);
-            bucket.carry_to(&engine, now);
-            engine
+        let found = self.buckets.get_mut(&probe);
+        let settling = found.as_ref().and_then(|b| {
+            b.engine
+                .clone()
+                .filter(|_| (from..current).contains(&b.outage))
+        });
+        let (mut bucket, engine) = match (found, settling) {
+            (Some(mut bucket), Some(written)) => {
+                let engine = if same_limits(&written.set, set) {
+                    written
+                } else {
+                    // Limits changed since: charge the same usage by the new ones.
+                    let engine = self.engine(set, written.instances);
+                    bucket.carry_to(&engine, now);
+                    engine
+                };
+                (bucket, engine)
+            }
+            // A bucket of the outage under way (calls fail while the breaker
+            // stays Closed): Redis is asked, and a failure falls back to it.
+            (Some(bucket), None) if bucket.outage >= current => return None,
+            (found, _) => {
+                drop(found);
+                self.bucket_for(escaped_key, set, self.engine(set, instances?), now, from)?
+            }
         };
         let mut evals = [Eval::EMPTY; MAX_RULES];
         if check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals) {
             return None;
         }
         drop(bucket);
-        Some(decide(set, &evals[..set.rules().len()], false))
+        let evals = &evals[..set.rules().len()];
+        if let Some(rules) = rules {
+            rules.clear();
+            rules.extend(evals.iter().map(|e| rule_state(e, false, cost)));
+        }
+        Some(decide(set, evals, false))
     }
 
     /// The engines of `set` for `instances`, shared by every bucket of theirs.
@@ -1007,7 +1043,41 @@ impl LocalTier {
             mono_ns,
             unix_us: self.clock.unix_micros(),
         };
-        let engine = self.engine(set, instances);
+        let Some((mut bucket, engine)) =
+            self.bucket_for(escaped_key, set, self.engine(set, instances), now, outage)
+        else {
+            return LocalAnswer::Full;
+        };
+        self.decided_in(outage);
+        let mut evals = [Eval::EMPTY; MAX_RULES];
+        let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
+        if allowed && record {
+            let (key, b) = bucket.pair_mut();
+            self.owe(set, key.key(), &mut b.rules, cost, now.stamp());
+        }
+        drop(bucket);
+        let evals = &evals[..set.rules().len()];
+        if let Some(rules) = rules {
+            rules.extend(evals.iter().map(|e| rule_state(e, allowed, cost)));
+        }
+        LocalAnswer::Decided(decide(set, evals, allowed))
+    }
+
+    /// The key's bucket, its states made for `engine` in `outage`: new from
+    /// the key's seed; or, for a bucket of other limits, another instance
+    /// count or another outage, carried over while it is still the latest
+    /// word on the key, else started afresh from Redis' report (keeping what
+    /// it owes). `None` when the map has no room: then the engine made for
+    /// it goes too, or sets built per request, each with limits of their own,
+    /// would fill the engine map without bound until the next prune.
+    fn bucket_for(
+        &self,
+        escaped_key: &str,
+        set: &RuleSet,
+        engine: Arc<SetEngine>,
+        now: Now,
+        outage: u64,
+    ) -> Option<(RefMut<'_, LocalKey, Bucket>, Arc<SetEngine>)> {
         let make = |key: &LocalKey| Bucket {
             rules: self
                 .fresh_states(key, &engine, now)
@@ -1022,19 +1092,15 @@ impl LocalTier {
         // The warm store is a different map, so reading it while holding this
         // bucket's shard lock cannot deadlock.
         let Some(mut bucket) = self.buckets.entry_of(&self.sets, set, escaped_key, make) else {
-            // No bucket holds the engine made for this one: not kept for the
-            // next prune (sets built per request, each with limits of its
-            // own, filled the engine map without bound meanwhile).
+            let slot = engine_slot(set, engine.instances);
             drop(engine);
             self.engines
-                .remove_if(&engine_slot(set, instances), |_, e| {
-                    Arc::strong_count(e) == 1
-                });
+                .remove_if(&slot, |_, e| Arc::strong_count(e) == 1);
             self.refused.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
-            return LocalAnswer::Full;
+            return None;
         };
-        if bucket.current(set, instances, outage).is_none() {
+        if bucket.current(set, engine.instances, outage).is_none() {
             let (key, b) = bucket.pair_mut();
             if b.engine.is_some() && !self.superseded(key, b, now) {
                 // Other limits, another instance count or a later outage, but
@@ -1050,19 +1116,7 @@ impl LocalTier {
             }
             b.outage = outage;
         }
-        self.decided_in(outage);
-        let mut evals = [Eval::EMPTY; MAX_RULES];
-        let allowed = check_exclusive(&engine, &mut bucket.rules, now, cost, &mut evals);
-        if allowed && record {
-            let (key, b) = bucket.pair_mut();
-            self.owe(set, key.key(), &mut b.rules, cost, now.stamp());
-        }
-        drop(bucket);
-        let evals = &evals[..set.rules().len()];
-        if let Some(rules) = rules {
-            rules.extend(evals.iter().map(|e| rule_state(e, allowed, cost)));
-        }
-        LocalAnswer::Decided(decide(set, evals, allowed))
+        Some((bucket, engine))
     }
 
     /// True when Redis reported on the bucket's key after the bucket's outage

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tierlimit_core::{Algorithm, Clock, Decision, FakeClock, Rule, RuleSet, Tier};
+use tierlimit_core::{Algorithm, Clock, Decision, FakeClock, Rule, RuleSet, RuleState, Tier};
 use tierlimit_local::{LocalAnswer, LocalConfig, LocalTier};
 
 fn tier(config: LocalConfig) -> (LocalTier, FakeClock) {
@@ -347,25 +347,33 @@ fn settling_reads_no_clock_once_settled() {
     let reads = || clock.wall_reads.load(Ordering::Relaxed);
     // Before any outage: no read.
     let before = reads();
-    assert!(local.settling("k", &set, 1).is_none());
+    assert!(local.settling("k", &set, 1, None, None).is_none());
     assert_eq!(reads(), before);
     // An outage spends the key's share; while it settles the bucket answers.
     assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
     local.end_outage(local.outage(), Duration::from_secs(5));
-    assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
+    assert!(
+        local
+            .settling("k", &set, 1, None, None)
+            .is_some_and(|d| !d.allowed)
+    );
     // Settled: one read finds it so, the checks after it read nothing.
     clock.inner.advance(Duration::from_secs(5));
-    assert!(local.settling("k", &set, 1).is_none());
+    assert!(local.settling("k", &set, 1, None, None).is_none());
     let settled = reads();
     for _ in 0..100 {
-        assert!(local.settling("k", &set, 1).is_none());
+        assert!(local.settling("k", &set, 1, None, None).is_none());
     }
     assert_eq!(reads(), settled);
     // The next outage (the hour's share still spent) ends: it bounds the
     // key again.
     assert_eq!(admitted(&local, "k", &set, 1, 20), 0);
     local.end_outage(local.outage(), Duration::from_secs(5));
-    assert!(local.settling("k", &set, 1).is_some_and(|d| !d.allowed));
+    assert!(
+        local
+            .settling("k", &set, 1, None, None)
+            .is_some_and(|d| !d.allowed)
+    );
 }
 
 /// Regression (issue 9, item 3): local state was keyed by the rule set's name,
@@ -520,7 +528,9 @@ fn back_to_back_outages_settle_the_buckets_of_both() {
     local.end_outage(local.outage(), settle);
     for key in ["a", "b"] {
         assert!(
-            local.settling(key, &set, 1).is_some_and(|d| !d.allowed),
+            local
+                .settling(key, &set, 1, None, None)
+                .is_some_and(|d| !d.allowed),
             "{key} is not bounded while settling"
         );
     }
@@ -528,9 +538,70 @@ fn back_to_back_outages_settle_the_buckets_of_both() {
     local.prune();
     assert_eq!(local.len(), 2);
     clock.advance(settle);
-    assert!(local.settling("a", &set, 1).is_none());
+    assert!(local.settling("a", &set, 1, None, None).is_none());
     local.prune();
     assert!(local.is_empty());
+}
+
+/// While an outage settles, a key this instance did not bound in it gets its
+/// share now, from its seed: the other instances may have spent theirs of it
+/// locally, and Redis does not know until they are back and have written
+/// them back. Regression: such a key went to Redis, which had counted none of
+/// it, so the first instance back could hand out the whole limit on top of
+/// what the others had admitted (90 of an hourly 60 with two instances).
+#[test]
+fn a_key_unseen_in_the_outage_takes_only_its_share_while_it_settles() {
+    let (local, clock) = tier(LocalConfig::default());
+    let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
+    let settle = Duration::from_secs(5);
+    assert_eq!(admitted(&local, "seen", &set, 2, 20), 5);
+    local.end_outage(local.outage(), settle);
+    // Without an instance count (a set that does not fall back locally, or
+    // a count not learned yet) Redis is asked, and no bucket is made.
+    assert!(local.settling("unseen", &set, 1, None, None).is_none());
+    assert_eq!(local.len(), 1);
+    // With it: this instance's share of 2, then denials answered here.
+    let through = (0..10)
+        .filter(|_| local.settling("unseen", &set, 1, Some(2), None).is_none())
+        .count();
+    assert_eq!(through, 5, "the share of 10 over 2 instances");
+    let mut rules = vec![RuleState::new(7, Duration::ZERO); 3];
+    let d = local
+        .settling("unseen", &set, 1, Some(2), Some(&mut rules))
+        .expect("a denial while settling");
+    assert!(!d.allowed);
+    assert_eq!(rules.len(), 1, "every rule's state, and only those");
+    assert_eq!(rules[0].remaining, 0);
+    // What went through was asked of Redis, which counted it: nothing is owed.
+    assert_eq!(
+        local.ledger().units(),
+        5,
+        "only the outage's own admissions"
+    );
+    // Settled: Redis alone decides again.
+    clock.advance(settle);
+    assert!(local.settling("unseen", &set, 1, Some(2), None).is_none());
+}
+
+/// A cost no rule could ever admit is denied, and counts nothing. Regression:
+/// in a fixed window, `current + cost` wrapped: a debug build panicked, a
+/// release build admitted it and reset the window's count to 0.
+#[test]
+fn a_cost_near_u64_max_is_denied_in_a_fixed_window() {
+    let (local, _) = tier(LocalConfig::default());
+    let set = RuleSet::new(
+        "w",
+        [Rule::per_minute(10)
+            .and_then(|r| r.with_algorithm(Algorithm::FixedWindow))
+            .expect("valid")],
+    )
+    .expect("valid");
+    assert!(allowed(local.check("k", &set, 1, 1, false)));
+    assert!(!allowed(local.check("k", &set, u64::MAX, 1, false)));
+    match local.check("k", &set, 1, 1, false) {
+        LocalAnswer::Decided(d) => assert_eq!((d.allowed, d.remaining), (true, 8)),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A wall clock that can step back or forward on its own, as NTP steps it
@@ -580,7 +651,9 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
         clock.step_us.store(step_us, Ordering::Relaxed);
         clock.inner.advance(Duration::from_secs(1));
         assert!(
-            local.settling("k", &set, 1).is_some_and(|d| !d.allowed),
+            local
+                .settling("k", &set, 1, None, None)
+                .is_some_and(|d| !d.allowed),
             "stepped {step_us} µs: no longer bounded 1 s into a 5 s settle"
         );
         local.prune();
@@ -591,7 +664,7 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
         );
         clock.inner.advance(settle);
         assert!(
-            local.settling("k", &set, 1).is_none(),
+            local.settling("k", &set, 1, None, None).is_none(),
             "stepped {step_us} µs: still bounded 6 s into a 5 s settle"
         );
     }
@@ -766,7 +839,7 @@ fn a_second_outage_while_the_first_settles_goes_on_from_its_bucket() {
     local.end_outage(local.outage(), Duration::from_secs(5));
     // One check goes to Redis (the bucket has room), which has this
     // instance's 19 and that check, and none of the others' 40.
-    assert!(local.settling("k", &set, 1).is_none());
+    assert!(local.settling("k", &set, 1, None, None).is_none());
     let sent_in = local.outage();
     local.remember(
         "k",

@@ -115,14 +115,14 @@ impl RedisTierConfig {
     ///   (one is enough; more help while one is down). Credentials, path and
     ///   query apply to every node (`redis+cluster://user:pass@h1:7000,h2:7001/`);
     ///   `rediss+cluster://` is TLS to every node. Each check goes to the
-    ///   master of its key's hash slot; within the [deadline](Self::deadline)
-    ///   the client waits at most the deadline per reply, at most
-    ///   [`connect_timeout`](Self::connect_timeout) (capped at the deadline)
-    ///   per connection attempt, and retries twice, a few ms apart, to follow
-    ///   a `MOVED`/`ASK` or a failover.
+    ///   master of its key's hash slot, on one reconnecting connection per
+    ///   master; a `MOVED` or `ASK` reply is followed once, at once, and a
+    ///   second redirection is the check's answer (a fault, so the policy's).
+    ///   The whole check stays within the [deadline](Self::deadline).
+    ///   [`connect_timeout`](Self::connect_timeout),
     ///   [`reconnect_retries`](Self::reconnect_retries) and
-    ///   [`reconnect_max_delay`](Self::reconnect_max_delay) apply to one
-    ///   server only.
+    ///   [`reconnect_max_delay`](Self::reconnect_max_delay) apply to each
+    ///   master's connection as to a single server's.
     ///
     /// Every place that prints the URL (this config's `Debug`, the tier's, and
     /// every error) shows it through [`redact_url`].

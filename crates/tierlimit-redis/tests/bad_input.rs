@@ -115,13 +115,16 @@ fn refill_beyond_2_pow_52() {
     let longest = Rule::with_period(1, Duration::from_micros(MAX_REFILL_US));
     assert!(longest.is_ok(), "{longest:?}");
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
-        let r = Rule::with_period(1, Duration::from_micros(MAX_REFILL_US + 1))
-            .and_then(|r| r.with_algorithm(algorithm));
-        // No burst was given: the period is what is too long.
-        assert!(
-            matches!(r, Err(Error::PeriodTooLong { max, .. }) if max == Duration::from_micros(MAX_REFILL_US)),
-            "{algorithm:?}: {r:?}"
-        );
+        // No burst was given: the period is what is too long, and the error
+        // names the bound this rule has, also past 2^53 µs (where it named
+        // the windows' 2^53, and a period cut to that met a second error).
+        for period_us in [MAX_REFILL_US + 1, (1 << 53) + 1] {
+            let r = Rule::new(1, Duration::from_micros(period_us), algorithm);
+            assert!(
+                matches!(r, Err(Error::PeriodTooLong { max, .. }) if max == Duration::from_micros(MAX_REFILL_US)),
+                "{algorithm:?} over {period_us} µs: {r:?}"
+            );
+        }
     }
     // The same bound through the burst: 3 per 3 * 2^50 µs refill 2^52 µs at a burst of 4.
     let r = Rule::with_period(3, Duration::from_micros(3 << 50)).expect("valid");

@@ -53,8 +53,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let per_client = RateLimitLayer::builder(limiter.clone())
         .key(
-            HeaderKey::api_key("x-api-key")
-                .or(HeaderKey::user_id("x-user-id"))
+            HeaderKey::api_key("x-api-key")?
+                .or(HeaderKey::user_id("x-user-id")?)
                 .or(ClientIp::peer()),
         )
         .exempt(Match::any("/health"))

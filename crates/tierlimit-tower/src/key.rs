@@ -53,8 +53,8 @@ pub type KeyResult = Result<Option<String>, InvalidKey>;
 /// use tierlimit_tower::{ClientIp, HeaderKey, KeyExtractor};
 ///
 /// // API key, else user id, else the peer's IP address.
-/// let key = HeaderKey::api_key("x-api-key")
-///     .or(HeaderKey::user_id("x-user-id"))
+/// let key = HeaderKey::api_key("x-api-key")?
+///     .or(HeaderKey::user_id("x-user-id")?)
 ///     .or(ClientIp::peer());
 /// let (parts, ()) = http::Request::builder()
 ///     .header("x-user-id", "42")
@@ -62,6 +62,7 @@ pub type KeyResult = Result<Option<String>, InvalidKey>;
 ///     .unwrap()
 ///     .into_parts();
 /// assert_eq!(key.extract(&parts), Ok(Some("user:42".to_string())));
+/// # Ok::<(), tierlimit::Error>(())
 /// ```
 pub trait KeyExtractor: fmt::Debug + Send + Sync + 'static {
     /// The key of the request whose head is `parts`.
@@ -106,7 +107,7 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
 /// ```
 /// use tierlimit_tower::{HeaderKey, KeyExtractor};
 ///
-/// let key = HeaderKey::api_key("x-api-key");
+/// let key = HeaderKey::api_key("x-api-key")?;
 /// let long = "k".repeat(10 * 1024);
 /// let (parts, ()) = http::Request::builder()
 ///     .header("x-api-key", long)
@@ -114,6 +115,7 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
 ///     .unwrap()
 ///     .into_parts();
 /// assert!(key.extract(&parts).is_err());
+/// # Ok::<(), tierlimit::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
@@ -122,35 +124,45 @@ pub struct HeaderKey {
 }
 
 impl HeaderKey {
-    /// The value of `header`, prefixed `api:`.
-    ///
-    /// # Panics
-    ///
-    /// When `header` is not a valid lowercase header name, like
-    /// [`HeaderName::from_static`].
-    pub fn api_key(header: &'static str) -> HeaderKey {
+    /// The value of `header` (a header name, in any case), prefixed `api:`.
+    /// A name that is no valid header name is
+    /// [`InvalidConfig`](tierlimit::Error::InvalidConfig) here.
+    pub fn api_key(header: &str) -> tierlimit::Result<HeaderKey> {
         HeaderKey::new(header, "api:")
     }
 
-    /// The value of `header`, prefixed `user:`.
-    ///
-    /// # Panics
-    ///
-    /// As [`api_key`](Self::api_key).
-    pub fn user_id(header: &'static str) -> HeaderKey {
+    /// The value of `header`, prefixed `user:`; errors as
+    /// [`api_key`](Self::api_key).
+    pub fn user_id(header: &str) -> tierlimit::Result<HeaderKey> {
         HeaderKey::new(header, "user:")
     }
 
-    /// The value of `header`, behind `prefix`.
-    ///
-    /// # Panics
-    ///
-    /// As [`api_key`](Self::api_key).
-    pub fn new(header: &'static str, prefix: &'static str) -> HeaderKey {
-        HeaderKey {
-            header: HeaderName::from_static(header),
-            prefix,
+    /// The value of `header`, behind `prefix`. A name that is no valid header
+    /// name, or a prefix a key may not hold (a control character, or too
+    /// long to leave room for a value), is
+    /// [`InvalidConfig`](tierlimit::Error::InvalidConfig) here, not a 400 on
+    /// every request.
+    pub fn new(header: &str, prefix: &'static str) -> tierlimit::Result<HeaderKey> {
+        let header = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+            tierlimit::Error::InvalidConfig {
+                what: format!("key header {header:?}: not a valid HTTP header name"),
+            }
+        })?;
+        if !prefix.is_empty() {
+            tierlimit_core::validate_key(prefix).map_err(|e| tierlimit::Error::InvalidConfig {
+                what: format!("key prefix {prefix:?}: {e}"),
+            })?;
+            if prefix.len() >= tierlimit_core::MAX_KEY_LEN {
+                return Err(tierlimit::Error::InvalidConfig {
+                    what: format!(
+                        "key prefix of {} bytes: it leaves no room for a value in a key of at most {} bytes",
+                        prefix.len(),
+                        tierlimit_core::MAX_KEY_LEN
+                    ),
+                });
+            }
         }
+        Ok(HeaderKey { header, prefix })
     }
 }
 
@@ -501,8 +513,31 @@ mod tests {
 
     fn seed() -> FirstOf {
         HeaderKey::api_key("x-api-key")
-            .or(HeaderKey::user_id("x-user-id"))
+            .expect("a valid header")
+            .or(HeaderKey::user_id("x-user-id").expect("a valid header"))
             .or(ClientIp::peer())
+    }
+
+    /// A header name in capitals (as HTTP documents write them) is the same
+    /// header; a name that is none, or a prefix no key may hold, is refused
+    /// here. Before, the first panicked and the second answered 400 to every
+    /// request, blaming the client.
+    #[test]
+    fn a_header_key_is_checked_when_made() {
+        let key = HeaderKey::api_key("X-Api-Key").expect("any case");
+        let head = parts(&[("x-api-key", "k1")], None);
+        assert_eq!(key.extract(&head), Ok(Some("api:k1".into())));
+        for (header, prefix) in [("x api key", "api:"), ("", "api:"), ("x-k", "a\tb:")] {
+            assert!(
+                matches!(
+                    HeaderKey::new(header, prefix),
+                    Err(tierlimit::Error::InvalidConfig { .. })
+                ),
+                "{header:?} {prefix:?}"
+            );
+        }
+        let long: &'static str = "p".repeat(tierlimit_core::MAX_KEY_LEN).leak();
+        assert!(HeaderKey::new("x-k", long).is_err());
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl fmt::Debug for Shared {
 ///     .route(Match::method(Method::POST, "/login"), login, 1)
 ///     .build()?;
 /// let calls = RateLimitLayer::builder(limiter)
-///     .key(HeaderKey::api_key("x-api-key").or(ClientIp::peer()))
+///     .key(HeaderKey::api_key("x-api-key")?.or(ClientIp::peer()))
 ///     .exempt(Match::any("/health"))
 ///     .exempt(Match::method(Method::POST, "/login"))
 ///     .default_route(api, 1)

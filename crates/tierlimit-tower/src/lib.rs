@@ -13,7 +13,7 @@
 //! let limiter = Arc::new(HybridLimiter::builder().redis_url("redis://127.0.0.1:6380/").build()?);
 //! let api = RuleSet::new("api", [Rule::per_second(10)?, Rule::per_hour(1000)?])?;
 //! let layer = RateLimitLayer::builder(limiter)
-//!     .key(HeaderKey::api_key("x-api-key").or(HeaderKey::user_id("x-user-id")).or(ClientIp::peer()))
+//!     .key(HeaderKey::api_key("x-api-key")?.or(HeaderKey::user_id("x-user-id")?).or(ClientIp::peer()))
 //!     .default_route(api, 1)
 //!     .build()?;
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);

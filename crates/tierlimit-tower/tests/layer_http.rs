@@ -31,7 +31,7 @@ async fn third_request_within_the_burst_gets_429_in_both_header_modes() {
     let limiter = limiter(&server.url());
     for (mode, key) in [(HeaderMode::Legacy, "legacy"), (HeaderMode::Draft, "draft")] {
         let layer = RateLimitLayer::builder(limiter.clone())
-            .key(HeaderKey::api_key("x-api-key"))
+            .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
             .default_route(two_per_minute(), 1)
             .headers(mode)
             .build()
@@ -102,7 +102,7 @@ async fn a_multi_rule_set_has_one_policy_item_per_rule() {
     )
     .expect("a valid rule set");
     let layer = RateLimitLayer::builder(limiter(&server.url()))
-        .key(HeaderKey::user_id("x-user-id"))
+        .key(HeaderKey::user_id("x-user-id").expect("a valid header"))
         .default_route(set, 1)
         .headers(HeaderMode::Both)
         .build()
@@ -140,7 +140,7 @@ async fn routes_pick_rule_sets_and_exempt_paths_pass_unchecked() {
     let one =
         |name: &str| RuleSet::new(name, [Rule::per_minute(1).expect("valid")]).expect("valid");
     let layer = RateLimitLayer::builder(limiter(&server.url()))
-        .key(HeaderKey::api_key("x-api-key"))
+        .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
         .route(Match::method(Method::POST, "/login"), one("login"), 1)
         .exempt(Match::any("/health"))
         .route(Match::any("/api/*"), one("api"), 1)
@@ -190,7 +190,7 @@ async fn a_named_route_follows_reloads_and_keeps_its_last_set_when_the_name_goes
             .expect("a valid limiter config"),
     );
     let layer = RateLimitLayer::builder(limiter.clone())
-        .key(HeaderKey::api_key("x-api-key"))
+        .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
         .route_named(Match::any("/named"), "named", 1)
         .route_named(Match::any("/heavy"), "named", 2)
         // By value: a reload does not reach it.
@@ -250,6 +250,19 @@ async fn a_named_route_follows_reloads_and_keeps_its_last_set_when_the_name_goes
         "{}",
         heavy[0].body
     );
+    // Over gRPC: INTERNAL (13), in grpc-status as gRPC errors travel.
+    let grpc = send(
+        addr,
+        "POST",
+        "/heavy",
+        &[("x-api-key", "e"), ("content-type", "application/grpc")],
+    )
+    .await;
+    assert_eq!(
+        (grpc.status, grpc.header("grpc-status")),
+        (200, "13"),
+        "{grpc:?}"
+    );
     assert_eq!(codes(&statuses("/named", "d", 2).await), [200, 429]);
 }
 
@@ -259,7 +272,8 @@ async fn api_key_beats_user_id_beats_ip() {
     let layer = RateLimitLayer::builder(limiter(&server.url()))
         .key(
             HeaderKey::api_key("x-api-key")
-                .or(HeaderKey::user_id("x-user-id"))
+                .expect("a valid header")
+                .or(HeaderKey::user_id("x-user-id").expect("a valid header"))
                 .or(ClientIp::peer()),
         )
         .default_route(
@@ -333,7 +347,7 @@ async fn a_missing_key_gets_the_configured_answer_and_a_huge_key_is_400() {
     let set = RuleSet::new("missing", [Rule::per_minute(100).expect("valid")]).expect("valid");
     let reject = serve(
         RateLimitLayer::builder(limiter.clone())
-            .key(HeaderKey::api_key("x-api-key"))
+            .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
             .default_route(set.clone(), 1)
             .build()
             .expect("a valid layer"),
@@ -359,7 +373,7 @@ async fn a_missing_key_gets_the_configured_answer_and_a_huge_key_is_400() {
 
     let fallback = serve(
         RateLimitLayer::builder(limiter.clone())
-            .key(HeaderKey::api_key("x-api-key"))
+            .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
             .default_route(set, 1)
             .missing_key(MissingKey::Fallback("anonymous".into()))
             .partition_key(true)
@@ -378,7 +392,7 @@ async fn a_grpc_denial_is_resource_exhausted_with_the_headers_as_metadata() {
     let set = RuleSet::new("grpc", [Rule::per_minute(1).expect("valid")]).expect("valid");
     let addr = serve(
         RateLimitLayer::builder(limiter(&server.url()))
-            .key(HeaderKey::api_key("x-api-key"))
+            .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
             .default_route(set, 1)
             .build()
             .expect("a valid layer"),

@@ -20,7 +20,7 @@ fn set(name: &str, per_minute: u64, policy: Policy) -> RuleSet {
 async fn with_redis_stopped_each_policy_answers_with_headers() {
     let mut server = RedisServer::start();
     let layer = RateLimitLayer::builder(limiter(&server.url()))
-        .key(HeaderKey::api_key("x-api-key"))
+        .key(HeaderKey::api_key("x-api-key").expect("a valid header"))
         .route(
             Match::any("/closed"),
             set("closed", 100, Policy::FailClosed),

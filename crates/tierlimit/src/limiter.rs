@@ -54,7 +54,12 @@ pub(crate) fn in_range(field: &str, value: Duration, min: Duration, max: Duratio
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Instances {
-    /// A fixed count, from configuration.
+    /// A fixed count, from configuration. Such an instance writes no
+    /// heartbeat, so `Learned` instances of the same group do not count it:
+    /// a deploy that moves a fleet from one mode to the other (or to another
+    /// group) should keep the count fixed, at the larger fleet's size, until
+    /// every instance runs the new mode, or the first new instances learn a
+    /// count too small and take too large a share in an outage meanwhile.
     Fixed(u64),
     /// Learned from a heartbeat set in Redis while it is healthy.
     ///
@@ -433,6 +438,11 @@ impl HybridLimiterBuilder {
         let redis = RedisTier::new(redis_config)?;
         self.reconcile.validate()?;
         let named = NamedSets::new(self.rule_sets)?;
+        if self.name.as_deref() == Some("") {
+            // As the config file refuses it: an empty label is an absent one
+            // to Prometheus, and two such limiters would share their series.
+            return Err(invalid("name must not be empty"));
+        }
         let labels = Labels::new(self.name.as_deref().unwrap_or(&group));
         let threshold = self.breaker.slow_call_threshold;
         let breaker = Breaker::new(self.breaker, self.clock.clone(), labels.clone())?;
@@ -889,7 +899,11 @@ impl HybridLimiter {
             return Here::Answer(Ok(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
-            if let Some(denied) = inner.local.settling(escaped, rule_set, cost) {
+            let share_of = inner.falls_back_locally(rule_set);
+            if let Some(denied) = inner
+                .local
+                .settling(escaped, rule_set, cost, share_of, rules)
+            {
                 return Here::Answer(Ok(inner.count(rule_set, denied)));
             }
             return Here::AskRedis(key);
@@ -1311,6 +1325,15 @@ impl Inner {
     /// is unknown (never learned, nothing assumed) the overflow policy answers,
     /// as it does when the local tier has no room for the key.
     #[inline(always)]
+    /// The instance count `set`'s local buckets take their share of, when
+    /// its policy is `LocalFallback` and the count is known.
+    fn falls_back_locally(&self, set: &RuleSet) -> Option<u64> {
+        let policy = set.policy().unwrap_or_else(|| self.default_policy.get());
+        (policy == Policy::LocalFallback)
+            .then(|| self.instances.get())
+            .flatten()
+    }
+
     fn fallback(
         &self,
         escaped: &str,

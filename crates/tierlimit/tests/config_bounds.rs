@@ -359,3 +359,19 @@ async fn the_redis_password_is_never_printed() {
         }
     }
 }
+
+/// An empty name is refused by the builder as by the config file
+/// (`limiter.name`). Before, the builder took it and labelled every series
+/// `limiter=""`, which Prometheus reads as no label at all.
+#[tokio::test]
+async fn an_empty_limiter_name_is_refused() {
+    let built = HybridLimiter::builder()
+        .redis_url("redis://127.0.0.1:1/")
+        .name("")
+        .build();
+    assert!(
+        matches!(&built, Err(Error::InvalidConfig { what }) if what.contains("name")),
+        "{:?}",
+        built.err()
+    );
+}

@@ -95,6 +95,76 @@ async fn a_hot_key_gets_no_second_quota_while_the_drain_lags() {
     );
 }
 
+/// The first instance back must not hand out a quota the others used
+/// locally, on a key it did not see in the outage either. Regression: with
+/// no bucket of its own for the key, it asked Redis, which had counted none
+/// of the others' admissions yet, and admitted the whole limit: 90 of an
+/// hourly 60 over two instances. Now, while its outage settles, such a key
+/// gets this instance's share: B spends its 30 locally, A comes back first
+/// and admits at most its own 30, and B's write-back brings Redis to 60.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_instance_back_takes_only_its_share_of_a_key_it_did_not_see() {
+    let _serial = tierlimit_test::serial().await;
+    const LIMIT: u64 = 60;
+    let server = RedisServer::start();
+    let (proxy_a, proxy_b) = (
+        FaultProxy::start(server.addr()).await,
+        FaultProxy::start(server.addr()).await,
+    );
+    let a = builder(&proxy_a.url(), Instances::Fixed(2))
+        .build()
+        .expect("valid config");
+    let b = builder(&proxy_b.url(), Instances::Fixed(2))
+        .build()
+        .expect("valid config");
+    let set = hourly("unseen", LIMIT);
+    proxy_a.set(Fault::Refuse);
+    proxy_b.set(Fault::Refuse);
+    trip(&a, &trip_set()).await;
+    trip(&b, &trip_set()).await;
+    let mut fleet = 0;
+    for _ in 0..LIMIT {
+        fleet += u64::from(b.check("u", &set, 1).await.expect("valid").allowed);
+    }
+    assert_eq!(fleet, LIMIT / 2, "B admits its share locally");
+    // A comes back first; B is still cut off, its 30 not written back.
+    proxy_a.set(Fault::None);
+    assert!(a.wait_closed(Duration::from_secs(5)).await);
+    let mut back = 0;
+    for _ in 0..LIMIT {
+        let d = a.check("u", &set, 1).await.expect("valid");
+        back += u64::from(d.allowed);
+    }
+    assert!(
+        back <= LIMIT / 2,
+        "A admitted {back} of the hour's {LIMIT} while B's {fleet} were not written back"
+    );
+    // Its denials came from that bucket, which counts every rule.
+    let mut rules = Vec::new();
+    let d = a
+        .check_with_rules("u", &set, 1, &mut rules)
+        .await
+        .expect("valid");
+    assert_eq!(
+        (d.tier, d.allowed, rules.len()),
+        (Tier::Local, false, 1),
+        "{d:?}"
+    );
+    proxy_b.set(Fault::None);
+    drained(&b, Duration::from_secs(10)).await;
+    // And for the rest of the hour, on either: Redis counts all of it.
+    let mut later = 0;
+    for _ in 0..LIMIT {
+        for l in [&a, &b] {
+            later += u64::from(l.check("u", &set, 1).await.expect("valid").allowed);
+        }
+    }
+    assert!(
+        fleet + back + later <= LIMIT + 2,
+        "the fleet admitted {fleet} locally, then {back} on A alone and {later} after"
+    );
+}
+
 /// Regression (issue 9, item 6): rules under a minute were not reconciled, so
 /// the window still live at the heal counted Redis' whole limit on top of
 /// what was admitted locally: with a 2 s window of 61 the windows around a
