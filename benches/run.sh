@@ -13,6 +13,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/ensure-redis
 command -v python3 >/dev/null || { echo "run.sh: python3 renders the report; install it (apt-get install -y python3)" >&2; exit 1; }
+# Before minutes of benches, not after them: the peer and load benches need it.
+command -v redis-benchmark >/dev/null || { echo "run.sh: redis-benchmark is not on PATH: install it (apt-get install -y redis-tools)" >&2; exit 1; }
 
 out=${CARGO_TARGET_DIR:-$root/target}/tierlimit-benches
 rm -rf "$out"
