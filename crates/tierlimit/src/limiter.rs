@@ -1319,12 +1319,6 @@ impl Inner {
         }
     }
 
-    /// The rule set's policy's answer while Redis cannot be asked.
-    ///
-    /// Local fallback needs this instance's share, so while the instance count
-    /// is unknown (never learned, nothing assumed) the overflow policy answers,
-    /// as it does when the local tier has no room for the key.
-    #[inline(always)]
     /// The instance count `set`'s local buckets take their share of, when
     /// its policy is `LocalFallback` and the count is known.
     fn falls_back_locally(&self, set: &RuleSet) -> Option<u64> {
@@ -1334,6 +1328,12 @@ impl Inner {
             .flatten()
     }
 
+    /// The rule set's policy's answer while Redis cannot be asked.
+    ///
+    /// Local fallback needs this instance's share, so while the instance count
+    /// is unknown (never learned, nothing assumed) the overflow policy answers,
+    /// as it does when the local tier has no room for the key.
+    #[inline(always)]
     fn fallback(
         &self,
         escaped: &str,
