@@ -63,8 +63,8 @@ fi
 
 # The controller runs in a process group of its own (setsid), waited for in
 # the background: bash runs a trap only once its foreground command ends, so
-# a controller in the foreground would run on for minutes after a SIGTERM or
-# Ctrl-C. On either, the whole group goes (the controller, its redis-servers
+# a controller in the foreground would run on for minutes after a SIGTERM,
+# SIGHUP or Ctrl-C. On any, the whole group goes (the controller, its redis-servers
 # and apps, or its compose commands), then the docker driver's cleanup runs.
 controller=
 run_controller() {
@@ -86,6 +86,7 @@ stop_controller() {
     fi
     exit "$1"
 }
+trap 'stop_controller 129' HUP
 trap 'stop_controller 130' INT
 trap 'stop_controller 143' TERM
 

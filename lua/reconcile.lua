@@ -19,6 +19,12 @@
 --          algorithms both fall in one window.
 -- ARGV[6]  marker TTL in ms: how long a re-sent batch is recognised.
 -- ARGV[7]  batch id (also makes sliding-log members unique).
+-- ARGV[8]  (optional) with ARGV[1] "0": the instance's clock as it sent this,
+--          µs since the epoch. first_us and last_us are on that clock; the
+--          script moves them by the server's TIME minus it, so a host whose
+--          clock is behind the server's does not see units of a window still
+--          live on Redis' clock dropped as passed (nor one ahead see them
+--          charged to a window after theirs). "0" or absent: no shift.
 --
 -- Reply: { status, units_applied }, status 1 = applied now, 0 = this batch was
 -- already applied to this key (nothing changed), 2 = the units no longer
@@ -65,8 +71,8 @@
 if floor == nil then bind_std() end
 
 local key, marker = KEYS[1], KEYS[2]
-if #KEYS ~= 2 or #ARGV ~= 7 then
-  return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 7 arguments')
+if #KEYS ~= 2 or (#ARGV ~= 7 and #ARGV ~= 8) then
+  return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 7 or 8 arguments')
 end
 -- Every argument is read and checked before the first write.
 int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
@@ -77,6 +83,7 @@ local first = int_arg('reconcile', 'first_us', ARGV[4], 0, MAX_EXACT)
 local last = int_arg('reconcile', 'last_us', ARGV[5], first, MAX_EXACT)
 local marker_ttl = format('%d', int_arg('reconcile', 'marker_ttl_ms', ARGV[6], 1, MAX_TTL_MS))
 local batch = ARGV[7]
+local sent = int_arg('reconcile', 'sent_us', ARGV[8] or '0', 0, MAX_EXACT)
 if #batch == 0 or #batch > 512 then
   refuse('reconcile', 'the batch id must be 1 to 512 bytes')
 end
@@ -95,6 +102,13 @@ if redis.call('EXISTS', marker) == 1 then
 end
 
 local now = script_now(ARGV[1])
+if ARGV[1] == '0' and sent > 0 then
+  -- The units' times onto the server's clock (see ARGV[8]): what was the
+  -- sender's now is the server's now.
+  local shift = now - sent
+  first = min(max(first + shift, 0), MAX_EXACT)
+  last = min(max(last + shift, first), MAX_EXACT)
+end
 
 -- GCRA and the token bucket share one rule: the arrival time (relative to now)
 -- after the units, capped at a full bucket's worth. `rel` is the stored arrival

@@ -1264,13 +1264,17 @@ fn judge_redis_again(ctx: &Context<'_>, logs: &[AppLog], checks: &mut Vec<Check>
                 "it never closed: killed after 5 s of waiting"
             },
         ));
-        // Its log ends where it died: what it last said it owed is what the
-        // kill took from it, so the kill did land mid-drain.
+        // Its log ends where it died: what it last said it owed since its
+        // last close is what the kill took from it, so the kill did land
+        // mid-drain. (A line from before the outage says nothing.)
         let owed = tl
             .killed
             .last()
             .and_then(|(i, _)| logs.get(*i))
-            .and_then(|log| log.pending.last().copied());
+            .and_then(|log| {
+                let closed = log.states.iter().rev().find(|l| l.state == "closed")?.at;
+                log.pending.last().copied().filter(|(t, _)| *t >= closed)
+            });
         checks.push(check(
             "the app killed mid-drain still owed units when it died",
             owed.is_some_and(|(_, units)| units > 0),
@@ -1537,13 +1541,20 @@ mod tests {
             ..Timeline::default()
         };
         let ctx = one_app(&scenario, timeline);
+        // Closed again at 3.9 s; (t, units owed) lines; whether it fails.
         for (owed, fails_it) in [
             (vec![(4_000_000, 300), (4_900_000, 12)], false),
             (vec![(4_000_000, 300), (4_900_000, 0)], true),
             (vec![], true),
+            // Owed before the outage, nothing said since the close.
+            (vec![(1_000_000, 300)], true),
         ] {
             let logs = [AppLog {
                 pending: owed.clone(),
+                states: vec![
+                    state_line(2_000_000, "open"),
+                    state_line(3_900_000, "closed"),
+                ],
                 ..AppLog::default()
             }];
             let mut checks = Vec::new();

@@ -91,6 +91,7 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
             // When this task last looked: a transition it sees happened since.
             let mut polled = rel();
             let mut last_pending = None;
+            let mut pending_read = 0;
             loop {
                 let looking = rel();
                 let seen = limiter.breaker().transitions();
@@ -104,11 +105,16 @@ pub async fn run(plan: AppPlan) -> Result<(), Box<dyn std::error::Error>> {
                         });
                     let _ = tx.send(format!("s,{},{},{},{polled}", rel(), state.as_str(), due));
                     last = Some(seen);
+                    // Read at once after any transition, and logged.
+                    (last_pending, pending_read) = (None, 0);
                 }
                 // What the ledger still owes, while Closed (the drain), at
-                // each change: the judge reads from it whether an app killed
+                // each change, read every 10 ms (reading it moves what the
+                // buckets owe into the ledger, which a limiter does far less
+                // often): the judge reads from it whether an app killed
                 // after the heal died mid-drain.
-                if state == BreakerState::Closed {
+                if state == BreakerState::Closed && looking >= pending_read + 10_000 {
+                    pending_read = looking;
                     let pending = limiter.reconcile_stats().pending_units;
                     if Some(pending) != last_pending {
                         let _ = tx.send(format!("p,{},{pending}", rel()));

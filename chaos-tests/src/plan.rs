@@ -158,9 +158,7 @@ impl AppPlan {
     pub fn exits_within(&self) -> Duration {
         Duration::from_millis(self.run_ms + self.drain_ms) + HUNG_CHECK + EXIT_GRACE
     }
-}
 
-impl AppPlan {
     /// The deadline.
     pub fn deadline(&self) -> Duration {
         Duration::from_millis(self.deadline_ms)

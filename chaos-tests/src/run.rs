@@ -177,7 +177,7 @@ struct Tail {
     denied: u64,
     /// (t, state) of every breaker line seen.
     states: Vec<(u64, String)>,
-    /// What the ledger owed at the last `p` line seen.
+    /// What the ledger owed at the last `p` line seen since the last state line.
     pending: Option<u64>,
 }
 
@@ -215,9 +215,12 @@ impl Tail {
             match f.first().copied() {
                 Some("d") if f.get(5) == Some(&"1") => self.admitted += 1,
                 Some("d") => self.denied += 1,
-                Some("s") if f.len() >= 4 => self
-                    .states
-                    .push((f[1].parse().unwrap_or(0), f[2].to_string())),
+                Some("s") if f.len() >= 4 => {
+                    self.states
+                        .push((f[1].parse().unwrap_or(0), f[2].to_string()));
+                    // What was owed before this transition says nothing of after it.
+                    self.pending = None;
+                }
                 Some("p") if f.len() == 3 => self.pending = f[2].parse().ok(),
                 _ => {}
             }

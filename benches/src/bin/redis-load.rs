@@ -233,8 +233,8 @@ fn main() {
             if c == HEADLINE_C {
                 sides.extend(["F16", "M16"]);
             }
-            // Every other pair backwards: each side runs as often just before
-            // A as just after it, and no side always follows the same one.
+            // Every other pair backwards, so no side always runs right after
+            // the same other one (A next to A1 in both orders).
             if pair % 2 == 1 {
                 sides.reverse();
             }

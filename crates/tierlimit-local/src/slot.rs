@@ -194,10 +194,12 @@ pub(crate) fn evaluate(rule: &Rule, share: Share, slot: Slot, now: u64, cost: u6
             if rule.algorithm() == Algorithm::FixedWindow {
                 // Not `current + cost`: a cost near u64::MAX (the local
                 // tier's callers need not validate it) wrapped to an admission.
-                return if cost <= share.limit.saturating_sub(current) {
+                // Saturating: a lowered limit leaves `current` above it.
+                let room = share.limit.saturating_sub(current);
+                return if cost <= room {
                     let eval = Eval {
                         ok: true,
-                        remaining: share.limit - current - cost,
+                        remaining: room - cost,
                         reset_after_us: to_end,
                         retry_after_us: 0,
                     };

@@ -733,6 +733,11 @@ impl LocalTier {
     pub fn end_outage(&self, sent_in: u64, settle: Duration) {
         if !settle.is_zero() {
             self.settle(sent_in, settle);
+            // Over even when nothing was decided here in it: the buckets the
+            // settle makes for keys (see `settling`) are this outage's, not
+            // the next one's, or the first would stand for the next and the
+            // rest would go to Redis unbounded.
+            self.move_outage(sent_in << 1, (sent_in + 1) << 1);
         }
         self.move_outage(sent_in << 1 | DECIDED, (sent_in + 1) << 1);
     }
@@ -773,8 +778,10 @@ impl LocalTier {
     /// now, started from its seed: the other instances may have spent their
     /// shares of it locally, and Redis does not count them until they are
     /// back and have written them back, so the first instance back must not
-    /// take more than its own share meanwhile. `None` asks Redis for such a
-    /// key. `rules`, when given, gets each rule's state on a denial (cleared
+    /// take more than its own share meanwhile. `None` (or a count of 1) asks
+    /// Redis for such a key, and so does a map with no room for its bucket
+    /// (these buckets count against [`LocalConfig::max_keys`] like any
+    /// other, until they are pruned once the settle is over). `rules`, when given, gets each rule's state on a denial (cleared
     /// first), as [`check_rules`](Self::check_rules) gives it.
     pub fn settling(
         &self,
@@ -829,7 +836,9 @@ impl LocalTier {
             (Some(bucket), None) if bucket.outage >= current => return None,
             (found, _) => {
                 drop(found);
-                self.bucket_for(escaped_key, set, self.engine(set, instances?), now, from)?
+                // One instance has no others to leave room for.
+                let n = instances.filter(|n| *n > 1)?;
+                self.bucket_for(escaped_key, set, self.engine(set, n), now, from)?
             }
         };
         let mut evals = [Eval::EMPTY; MAX_RULES];
@@ -1046,6 +1055,8 @@ impl LocalTier {
         let Some((mut bucket, engine)) =
             self.bucket_for(escaped_key, set, self.engine(set, instances), now, outage)
         else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return LocalAnswer::Full;
         };
         self.decided_in(outage);
@@ -1096,8 +1107,6 @@ impl LocalTier {
             drop(engine);
             self.engines
                 .remove_if(&slot, |_, e| Arc::strong_count(e) == 1);
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("tierlimit_local_keys_refused_total").increment(1);
             return None;
         };
         if bucket.current(set, engine.instances, outage).is_none() {

@@ -583,6 +583,26 @@ fn a_key_unseen_in_the_outage_takes_only_its_share_while_it_settles() {
     assert!(local.settling("unseen", &set, 1, Some(2), None).is_none());
 }
 
+/// The same when this instance decided nothing locally in the outage (its
+/// sets fail closed, say): the settle still bounds every key it is asked
+/// for. Regression (review): the outage was not over for the local tier then,
+/// the first key's settle bucket was taken for the next outage's, and every
+/// later check went to Redis unbounded. With one instance there are no
+/// others to leave room for: Redis decides.
+#[test]
+fn a_settle_bounds_keys_after_an_outage_that_decided_nothing_here() {
+    let (local, _) = tier(LocalConfig::default());
+    let set = RuleSet::new("h", [Rule::per_hour(10).expect("valid")]).expect("valid");
+    local.end_outage(local.outage(), Duration::from_secs(5));
+    let through = |n: u64, key: &str| {
+        (0..10)
+            .filter(|_| local.settling(key, &set, 1, Some(n), None).is_none())
+            .count()
+    };
+    assert_eq!(through(2, "k"), 5, "this instance's share of 2");
+    assert_eq!(through(1, "alone"), 10, "one instance: Redis decides");
+}
+
 /// A cost no rule could ever admit is denied, and counts nothing. Regression:
 /// in a fixed window, `current + cost` wrapped: a debug build panicked, a
 /// release build admitted it and reset the window's count to 0.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierlimit_core::{Clock, Error, Result};
+use tierlimit_core::{Clock, Error, Result, SystemClock};
 
 /// Where the scripts' "now" comes from.
 ///
@@ -74,6 +74,7 @@ pub struct RedisTierConfig {
     pub(crate) tls: TlsSettings,
     pub(crate) deadline: Duration,
     pub(crate) time_source: TimeSource,
+    pub(crate) local_clock: Arc<dyn Clock>,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_retries: usize,
     pub(crate) reconnect_max_delay: Duration,
@@ -133,6 +134,7 @@ impl RedisTierConfig {
             tls: TlsSettings::default(),
             deadline: Duration::from_millis(50),
             time_source: TimeSource::Server,
+            local_clock: Arc::new(SystemClock),
             connect_timeout: Duration::from_millis(200),
             reconnect_retries: 1,
             reconnect_max_delay: Duration::from_millis(20),
@@ -152,6 +154,18 @@ impl RedisTierConfig {
     /// Where "now" comes from (default [`TimeSource::Server`]).
     pub fn time_source(mut self, time_source: TimeSource) -> Self {
         self.time_source = time_source;
+        self
+    }
+
+    /// The clock the write-backs' times are on (default the system clock): the
+    /// one that stamped what the local tier admitted. On server time a
+    /// write-back tells Redis this clock's time as it is sent, and the script
+    /// moves the units' times onto the server's by the difference: a host
+    /// whose clock is behind Redis' would otherwise see units of a window
+    /// still live on Redis' clock dropped as passed. (On client time both
+    /// are the [`TimeSource::Client`] clock.)
+    pub fn local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.local_clock = clock;
         self
     }
 
@@ -257,6 +271,7 @@ impl fmt::Debug for RedisTierConfig {
         f.field("tls", &self.tls);
         f.field("deadline", &self.deadline)
             .field("time_source", &self.time_source)
+            .field("local_clock", &self.local_clock)
             .field("connect_timeout", &self.connect_timeout)
             .field("reconnect_retries", &self.reconnect_retries)
             .field("reconnect_max_delay", &self.reconnect_max_delay)

@@ -81,7 +81,7 @@ pub(crate) fn reconcile_cmd(
 ) -> Cmd {
     /// Numbers among the arguments (the rule's five among them, with the
     /// colons between them), each at most 20 digits (a `u64`).
-    const NUMBERS: usize = 10;
+    const NUMBERS: usize = 11;
     let (units, first_us) = newest_that_matter(entry);
     let marker_ms = entry
         .expires_at_us()
@@ -89,9 +89,9 @@ pub(crate) fn reconcile_cmd(
         .div_ceil(1_000)
         .saturating_add(MARKER_MARGIN_MS);
     let key = &entry.storage_key;
-    // The head's two, numkeys, two keys and seven arguments.
+    // The head's two, numkeys, two keys and eight arguments.
     let mut cmd = Cmd::with_capacity(
-        12,
+        13,
         head.len() + 2 * key.len() + MARKER.len() + 2 * batch_id.len() + 21 * NUMBERS,
     );
     head.write(&mut cmd);
@@ -104,6 +104,9 @@ pub(crate) fn reconcile_cmd(
         .arg(entry.last_us)
         .arg(marker_ms)
         .arg(batch_id);
+    // On server time, the clock the entry's times are on as of now: the
+    // script moves them onto the server's (lua/reconcile.lua, ARGV[8]).
+    cmd.arg(if now_arg == 0 { local_now_us } else { 0 });
     cmd
 }
 

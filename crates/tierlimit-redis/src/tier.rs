@@ -13,8 +13,7 @@ use redis::aio::ConnectionManagerConfig;
 use redis::io::tcp::TcpSettings;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 use tierlimit_core::{
-    Clock, Error, MAX_EXACT, RedisFailure, Result, RuleSet, SystemClock, escape_key, stripe_key,
-    validate_key,
+    Clock, Error, MAX_EXACT, RedisFailure, Result, RuleSet, escape_key, stripe_key, validate_key,
 };
 
 use crate::batch::{
@@ -106,6 +105,8 @@ struct Inner {
     /// How long a background replacement may take to connect and answer PING.
     replace_budget: Duration,
     time_source: TimeSource,
+    /// The clock ledger entries' times are on (see `RedisTierConfig::local_clock`).
+    local_clock: Arc<dyn Clock>,
     /// Checks, the heartbeat and PING.
     conn: ArcSwapOption<Conn>,
     /// Reconcile batches, on a socket of their own: a pipelined batch on the
@@ -195,6 +196,7 @@ impl RedisTier {
                 deadline: config.deadline,
                 replace_budget,
                 time_source: config.time_source,
+                local_clock: config.local_clock,
                 conn: ArcSwapOption::empty(),
                 bulk: ArcSwapOption::empty(),
                 replacing: AtomicBool::new(false),
@@ -1410,7 +1412,7 @@ impl RedisTier {
     pub(crate) fn local_now_us(&self) -> u64 {
         match &self.inner.time_source {
             TimeSource::Client(clock) => clock.unix_micros(),
-            TimeSource::Server => SystemClock.unix_micros(),
+            TimeSource::Server => self.inner.local_clock.unix_micros(),
         }
     }
 

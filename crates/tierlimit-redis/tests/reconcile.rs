@@ -318,3 +318,76 @@ async fn a_write_back_that_leaves_its_bucket_short_is_kept_for_the_next_to_stack
         assert_eq!(v.decision.remaining, 39, "{label}");
     }
 }
+
+/// A host clock `0` µs behind the system's (negative: ahead), which the
+/// private redis-server shares: a host whose clock is off Redis'.
+#[derive(Debug)]
+struct Skewed(i64);
+
+impl Clock for Skewed {
+    fn now(&self) -> Duration {
+        tierlimit_core::SystemClock.now()
+    }
+
+    fn unix_micros(&self) -> u64 {
+        tierlimit_core::SystemClock
+            .unix_micros()
+            .saturating_add_signed(-self.0)
+    }
+}
+
+/// Redis' clock, µs since the epoch.
+async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1_000_000 + us
+}
+
+/// On server time, a write-back's times are on the host's clock, and the
+/// script moves them onto Redis' by how far the host's clock is from it as
+/// the write-back is sent. Regression: from a host 2 s behind, units
+/// admitted in a window still live on Redis' clock, but in the last 2 s of a
+/// window on the host's, were dropped as passed (lost); from a host 2 s
+/// ahead, units of a window that had passed on Redis' clock were charged to
+/// the next one. Rule 100 per 10 s, fixed windows; Redis' time 0.5 to 1 s
+/// into a window.
+#[tokio::test]
+async fn a_skewed_hosts_write_back_lands_in_the_window_its_units_were_admitted_in() {
+    const PERIOD_US: u64 = 10_000_000;
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let r = rule(Algorithm::FixedWindow, 100, Duration::from_secs(10));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let now = loop {
+        let now = server_time(&mut conn).await;
+        if (500_000..1_000_000).contains(&(now % PERIOD_US)) {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "no window start came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // (host clock behind Redis', units' age on Redis' clock, applied, expired)
+    for (skew_us, age_us, applied, expired) in [
+        (2_000_000_i64, 300_000_u64, 30, 0),
+        (-2_000_000, 1_100_000, 0, 1),
+    ] {
+        let set = set(&format!("skew{}", skew_us.signum() + 1), [r.clone()]);
+        let tier = RedisTier::new(
+            tierlimit_redis::RedisTierConfig::new(server.url())
+                .deadline(Duration::from_secs(2))
+                .local_clock(Arc::new(Skewed(skew_us))),
+        )
+        .expect("valid config");
+        // Admitted `age_us` before `now` on Redis' clock, stamped by the host's.
+        let at = (now - age_us).saturating_add_signed(-skew_us);
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 30, at, at + 50_000);
+        let report = write_back(&tier, &format!("skew{skew_us}"), &[entry]).await;
+        assert_eq!(
+            (report.applied_units, report.expired),
+            (applied, expired),
+            "host {skew_us} µs behind: {report:?}"
+        );
+        // Redis' own window now holds them, or not.
+        let d = tier.check("k", &set, 1).await.expect("check").decision;
+        assert_eq!(d.remaining, 100 - applied - 1, "host {skew_us} µs behind");
+    }
+}

@@ -420,7 +420,8 @@ impl HybridLimiterBuilder {
         };
         let mut redis_config = RedisTierConfig::new(url)
             .deadline(self.deadline)
-            .time_source(time);
+            .time_source(time)
+            .local_clock(self.clock.clone());
         if let Some(checks) = self.max_batch {
             redis_config = redis_config.max_batch(checks);
         }

@@ -110,7 +110,8 @@ pub(crate) struct Counters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReconcileStats {
-    /// Units Redis acknowledged.
+    /// Units Redis acknowledged: written back, or found no longer to count
+    /// (their window had passed on Redis' clock by the time they reached it).
     pub reconciled_units: u64,
     /// Batches Redis acknowledged (a check's own write-backs count as one).
     pub batches: u64,
