@@ -47,10 +47,12 @@
 --     those still inside the trailing period, up to `limit` members in all;
 --     the units already outside the window are skipped by bisection, so an
 --     entry owing 25 M units costs what one owing `limit` does.
---   sliding window counter / fixed window: the units are added to the counter
---     of the window they fell in (current or, for the sliding counter, the
---     previous one), capped at `limit` (a count already above it, from a
---     lowered limit, is kept as it is).
+--   sliding window counter / fixed window: the units, spread evenly over
+--     [first_us, last_us] as the sliding log spreads them, are added to the
+--     counter of the window each fell in (current or, for the sliding
+--     counter, the previous one; a window passed takes none), capped at
+--     `limit` (a count already above it, from a lowered limit, is kept as it
+--     is). One window's units moved onto this clock (ARGV[8]) may fall in two.
 --
 -- The state is read with the check's own load functions, so state written
 -- under another limit or burst of the same key is carried over exactly as a
@@ -127,6 +129,31 @@ end
 
 local status, applied = 1, units
 
+-- Unit j (1..units) was admitted at at(j), spread evenly over [first, last]:
+-- the sliding log's members, and how a window's units fall on either side
+-- of a boundary. at() never decreases (each double operation rounds
+-- monotonically), so the units after a time are j0..units, and j0 is found by
+-- bisection: O(log units), never O(units).
+local function at(j)
+  if units == 1 then
+    return first
+  end
+  return first + floor((last - first) * (j - 1) / (units - 1))
+end
+-- The first unit admitted after `t` (units + 1 when none was).
+local function first_after(t)
+  local lo, hi = 1, units + 1
+  while lo < hi do
+    local mid = lo + floor((hi - lo) / 2)
+    if at(mid) > t then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
 if code == 1 or code == 2 then
   local rate = limit / period
   local rel, ts = nil, now
@@ -171,25 +198,7 @@ elseif code == 3 then
   local since = now - period
   redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', since))
   local room = limit - redis.call('ZCARD', key)
-  -- Unit j was admitted at at(j), spread evenly over [first, last]; at() never
-  -- decreases (each double operation rounds monotonically), so the units still
-  -- inside the window are j0..units, and j0 is found by bisection: the work is
-  -- O(log units + limit), never O(units).
-  local function at(j)
-    if units == 1 then
-      return first
-    end
-    return first + floor((last - first) * (j - 1) / (units - 1))
-  end
-  local lo, hi = 1, units + 1
-  while lo < hi do
-    local mid = lo + floor((hi - lo) / 2)
-    if at(mid) > since then
-      hi = mid
-    else
-      lo = mid + 1
-    end
-  end
+  local lo = first_after(since)
   -- The newest units still inside the window, up to the room the log has:
   -- the ones that bound the key longest.
   local start = max(lo, units - room + 1)
@@ -217,16 +226,22 @@ elseif code == 4 or code == 5 then
     offset = 0
   end
   local w, c, p, kept = window_load(key, floor((now + offset) / period), sliding)
-  -- A clock ahead of the server's can put the units in a window not begun here: count them now.
-  local ew = min(floor((last + offset) / period), w)
-  if ew == w then
-    applied = min(units, max(0, limit - c))
-    c = c + applied
-  elseif sliding and ew == w - 1 then
-    applied = min(units, max(0, limit - p))
-    p = p + applied
-  else
+  -- Each window gets its own units: the units of one of the sender's windows,
+  -- moved onto this clock (ARGV[8]), may straddle two of these. Those of a
+  -- window not begun here (a clock ahead) count in the current one.
+  local start = w * period - offset
+  local current = units + 1 - first_after(start - 1)
+  local previous = units + 1 - first_after(start - period - 1) - current
+  if current == 0 and (previous == 0 or not sliding) then
     status, applied = 2, 0
+  else
+    applied = min(current, max(0, limit - c))
+    c = c + applied
+    if sliding then
+      local earlier = min(previous, max(0, limit - p))
+      p = p + earlier
+      applied = applied + earlier
+    end
   end
   if status == 1 then
     local window_end = (w + 1) * period - offset - now

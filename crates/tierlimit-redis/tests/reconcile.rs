@@ -391,3 +391,52 @@ async fn a_skewed_hosts_write_back_lands_in_the_window_its_units_were_admitted_i
         assert_eq!(d.remaining, 100 - applied - 1, "host {skew_us} µs behind");
     }
 }
+
+/// The units of one of a skewed host's windows, moved onto Redis' clock, can
+/// straddle two of Redis' windows: each window gets its own, spread evenly
+/// over the entry's span as the sliding log spreads them, and those of a
+/// window already passed count no more. Regression (review): every unit went
+/// to the window of the last, up to a whole window's limit over-charged.
+/// Host 5 s behind; 30 units over Redis' [now - 6.5 s, now - 0.5 s], now 2 to
+/// 2.5 s into a 10 s window: 7 to 10 of them fall in it.
+#[tokio::test]
+async fn a_write_back_straddling_two_windows_charges_each_its_own() {
+    const PERIOD_US: u64 = 10_000_000;
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let now = loop {
+        let now = server_time(&mut conn).await;
+        if (2_000_000..2_500_000).contains(&(now % PERIOD_US)) {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "no window start came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    const SKEW_US: u64 = 5_000_000;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let r = rule(algorithm, 100, Duration::from_secs(10));
+        let set = set(&format!("straddle{}", algorithm.code()), [r.clone()]);
+        let tier = RedisTier::new(
+            tierlimit_redis::RedisTierConfig::new(server.url())
+                .deadline(Duration::from_secs(2))
+                .local_clock(Arc::new(Skewed(SKEW_US as i64))),
+        )
+        .expect("valid config");
+        let (first, last) = (now - 6_500_000 - SKEW_US, now - 500_000 - SKEW_US);
+        let entry = LedgerEntry::new(storage_key(&set, "k", 0), r.clone(), 30, first, last);
+        let report = write_back(&tier, &format!("straddle{}", algorithm.code()), &[entry]).await;
+        let d = tier.check("k", &set, 1).await.expect("check").decision;
+        let label = format!("{algorithm:?}: {report:?}, remaining {}", d.remaining);
+        if algorithm == Algorithm::FixedWindow {
+            // Only the current window's units count.
+            assert!((7..=10).contains(&report.applied_units), "{label}");
+            assert_eq!(d.remaining, 100 - report.applied_units - 1, "{label}");
+        } else {
+            // All count, the earlier ones in the previous window (weighed by
+            // what is left of it), the rest in this one.
+            assert_eq!(report.applied_units, 30, "{label}");
+            assert!(d.remaining > 100 - 30 - 1, "{label}");
+        }
+    }
+}
