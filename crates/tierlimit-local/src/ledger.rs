@@ -280,16 +280,25 @@ impl Ledger {
         };
         let sending = *u.sending.get_or_insert(fresh);
         let rule = u.rule.clone();
+        // The times onto the wall clock as last measured: the write-back
+        // tells Redis that clock's now, and Redis moves the times by how far
+        // it is from its own (lua/reconcile.lua). A clock stepped since they
+        // were recorded would otherwise move them by the step too.
+        let step = self
+            .frame_us
+            .load(Ordering::Relaxed)
+            .wrapping_sub(u.frame_us) as i64;
         drop(u);
         let (storage_key, window) = key;
+        let moved = |us: u64| us.saturating_add_signed(step);
         Some(Claim {
             id: format!("{:016x}", sending.id),
             entry: LedgerEntry::new(
                 storage_key,
                 rule,
                 sending.units,
-                sending.first_us,
-                sending.last_us,
+                moved(sending.first_us),
+                moved(sending.last_us),
             )
             .with_stripes(sending.stripes),
             raw_id: sending.id,

@@ -942,6 +942,25 @@ fn a_wall_clock_stepped_back_drops_no_owed_units() {
     assert_eq!(local.ledger().drop_expired(clock.unix_micros()), 5);
 }
 
+/// A write-back's times are on the wall clock as last measured, which it
+/// tells Redis as its now: units recorded before the clock was stepped are
+/// moved by the step. Regression (review): they were sent as recorded, so
+/// with a clock stepped forward 5 s during an outage Redis took them for 5 s
+/// older than they were, and found units of a live second-long window passed.
+#[test]
+fn a_claim_is_on_the_wall_clock_as_last_measured() {
+    let (local, clock) = stepping(FakeClock::default());
+    let set = RuleSet::new("s", [Rule::per_second(10).expect("valid")]).expect("valid");
+    assert!(allowed(local.check("k", &set, 1, 1, true)));
+    let recorded = clock.unix_micros();
+    clock.step_us.store(5_000_000, Ordering::Relaxed);
+    // The drain measures the clocks first.
+    assert_eq!(local.drop_expired(), 0, "a unit of a live window dropped");
+    let claims = local.ledger().claim(10, clock.unix_micros());
+    let last = claims.first().map(|c| c.entry.last_us);
+    assert_eq!(last, Some(recorded + 5_000_000));
+}
+
 /// A cost above this instance's share of a rule, though within the whole
 /// rule's capacity (which is all a cost is validated against), is denied:
 /// governor multiplied it by the share's emission interval unchecked, and
