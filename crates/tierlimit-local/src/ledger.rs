@@ -38,6 +38,8 @@ struct Sending {
     /// each stripe with the id, so a re-send must spread them the same way
     /// (over more stripes, the new ones would apply their shares again).
     stripes: u32,
+    /// The wall clock `first_us` and `last_us` are on (see `Units::frame_us`).
+    frame_us: u64,
 }
 
 /// One entry's units on their way to Redis, under an id that makes sending
@@ -210,6 +212,13 @@ impl Ledger {
                 if e.rule != *rule {
                     e.rule = rule.clone();
                 }
+                // The times so far onto the new units' clock, if it was
+                // stepped since: one entry holds one clock's times.
+                if e.frame_us != frame_us && e.units > 0 {
+                    let step = frame_us.wrapping_sub(e.frame_us) as i64;
+                    e.first_us = e.first_us.saturating_add_signed(step);
+                    e.last_us = e.last_us.saturating_add_signed(step);
+                }
                 e.stripes = stripes;
                 let added = units.min(u64::MAX - e.units);
                 e.first_us = owed_since_us(rule, e.first_us, e.units, first_us);
@@ -277,6 +286,7 @@ impl Ledger {
             first_us: u.first_us,
             last_us: u.last_us,
             stripes: u.stripes,
+            frame_us: u.frame_us,
         };
         let sending = *u.sending.get_or_insert(fresh);
         let rule = u.rule.clone();
@@ -287,7 +297,7 @@ impl Ledger {
         let step = self
             .frame_us
             .load(Ordering::Relaxed)
-            .wrapping_sub(u.frame_us) as i64;
+            .wrapping_sub(sending.frame_us) as i64;
         drop(u);
         let (storage_key, window) = key;
         let moved = |us: u64| us.saturating_add_signed(step);

@@ -197,9 +197,19 @@ impl Owed {
             unix_us: now_us,
             frame_us,
         } = now;
-        *self.frame_us.get_mut() = frame_us;
+        let was = std::mem::replace(self.frame_us.get_mut(), frame_us);
         let owed = self.units.get_mut();
         let before = *owed;
+        if was != frame_us && before > 0 {
+            // The times so far onto the clock as stepped since: one count
+            // holds one clock's times.
+            let step = frame_us.wrapping_sub(was) as i64;
+            for t in [self.first_us.get_mut(), self.last_us.get_mut()] {
+                if *t != u64::MAX {
+                    *t = t.saturating_add_signed(step);
+                }
+            }
+        }
         // Saturating like the ledger's: a count that wrapped to 0 would owe
         // nothing, and its bucket would be pruned as clean.
         *owed = owed.saturating_add(units);
@@ -1304,7 +1314,11 @@ impl LocalTier {
         if self.ledger.is_empty() {
             return Vec::new();
         }
-        let now = self.clock.unix_micros();
+        // The claims' times go out on the wall clock as measured now (see
+        // `Ledger::claim`): the write-back tells Redis this clock's now.
+        let now = self.now();
+        self.sync_clocks(now);
+        let now = now.unix_us;
         let mut claims = Vec::new();
         for (i, rule) in set.rules().iter().enumerate() {
             if set.reconciles(i) {
@@ -1589,6 +1603,16 @@ impl LocalTier {
         let now = self.now();
         self.sync_clocks(now);
         ledger.drop_expired(now.unix_us)
+    }
+
+    /// Claims up to `n` entries of the ledger for a write-back (see
+    /// [`Ledger::claim`], `hold_now_us` on its clock), their times on the
+    /// wall clock as measured now: the write-back tells Redis this clock's
+    /// now, so a clock stepped since the last measure must not move them.
+    pub fn claim(&self, n: usize, hold_now_us: u64) -> Vec<Claim> {
+        let ledger = self.ledger();
+        self.sync_clocks(self.now());
+        ledger.claim(n, hold_now_us)
     }
 
     /// The outage ledger, holding everything admitted locally that Redis has

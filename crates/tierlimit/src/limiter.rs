@@ -1036,7 +1036,7 @@ impl HybridLimiter {
         let parked_before = ledger.parked_units();
         report.expired_units = inner.local.drop_expired();
         while started.elapsed() < timeout && !ledger.is_empty() {
-            let claims = ledger.claim(
+            let claims = inner.local.claim(
                 inner.reconciler.config.batch_size,
                 reconcile::hold_clock_us(inner),
             );

@@ -322,7 +322,6 @@ async fn drain(inner: &Arc<Inner>) {
         }
         let claims = inner
             .local
-            .ledger()
             .claim(inner.reconciler.config.batch_size, hold_clock_us(inner));
         if claims.is_empty() {
             break;
