@@ -336,6 +336,29 @@ impl Clock for Skewed {
     }
 }
 
+/// The 10 s windows of the skew tests, µs.
+const PERIOD_US: u64 = 10_000_000;
+
+/// Waits (at most a window and a half) until Redis' clock is `into` µs into
+/// one of its 10 s windows, and answers its time then.
+async fn into_window(
+    conn: &mut redis::aio::MultiplexedConnection,
+    into: std::ops::Range<u64>,
+) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = server_time(conn).await;
+        if into.contains(&(now % PERIOD_US)) {
+            return now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis' clock never came {into:?} µs into a window"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Redis' clock, µs since the epoch.
 async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
@@ -352,19 +375,10 @@ async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 /// into a window.
 #[tokio::test]
 async fn a_skewed_hosts_write_back_lands_in_the_window_its_units_were_admitted_in() {
-    const PERIOD_US: u64 = 10_000_000;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let r = rule(Algorithm::FixedWindow, 100, Duration::from_secs(10));
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let now = loop {
-        let now = server_time(&mut conn).await;
-        if (500_000..1_000_000).contains(&(now % PERIOD_US)) {
-            break now;
-        }
-        assert!(std::time::Instant::now() < deadline, "no window start came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let now = into_window(&mut conn, 500_000..1_000_000).await;
     // (host clock behind Redis', units' age on Redis' clock, applied, expired)
     for (skew_us, age_us, applied, expired) in [
         (2_000_000_i64, 300_000_u64, 30, 0),
@@ -401,18 +415,9 @@ async fn a_skewed_hosts_write_back_lands_in_the_window_its_units_were_admitted_i
 /// 2.5 s into a 10 s window: 7 to 10 of them fall in it.
 #[tokio::test]
 async fn a_write_back_straddling_two_windows_charges_each_its_own() {
-    const PERIOD_US: u64 = 10_000_000;
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let now = loop {
-        let now = server_time(&mut conn).await;
-        if (2_000_000..2_500_000).contains(&(now % PERIOD_US)) {
-            break now;
-        }
-        assert!(std::time::Instant::now() < deadline, "no window start came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let now = into_window(&mut conn, 2_000_000..2_500_000).await;
     const SKEW_US: u64 = 5_000_000;
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let r = rule(algorithm, 100, Duration::from_secs(10));
