@@ -19,7 +19,7 @@
 --          algorithms both fall in one window.
 -- ARGV[6]  marker TTL in ms: how long a re-sent batch is recognised.
 -- ARGV[7]  batch id (also makes sliding-log members unique).
--- ARGV[8]  (optional) with ARGV[1] "0": the instance's clock as it sent this,
+-- ARGV[8]  (optional) with ARGV[1] 0: the instance's clock as it sent this,
 --          µs since the epoch. first_us and last_us are on that clock; the
 --          script moves them by the server's TIME minus it, so a host whose
 --          clock is behind the server's does not see units of a window still
@@ -77,7 +77,7 @@ if #KEYS ~= 2 or (#ARGV ~= 7 and #ARGV ~= 8) then
   return redis.error_reply('ERR tierlimit reconcile: expected 2 keys and 7 or 8 arguments')
 end
 -- Every argument is read and checked before the first write.
-int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
+local now_arg = int_arg('reconcile', 'now_us', ARGV[1], 0, MAX_EXACT)
 local code, limit, period, capacity, offset = unpack(rule_args('reconcile', 2))
 -- Below 2^53, so units + 1 (the bisection's end) stays exact.
 local units = int_arg('reconcile', 'units', ARGV[3], 1, MAX_EXACT - 1)
@@ -104,7 +104,7 @@ if redis.call('EXISTS', marker) == 1 then
 end
 
 local now = script_now(ARGV[1])
-if ARGV[1] == '0' and sent > 0 then
+if now_arg == 0 and sent > 0 then
   -- The units' times onto the server's clock (see ARGV[8]): what was the
   -- sender's now is the server's now.
   local shift = now - sent

@@ -90,6 +90,13 @@ pub struct Ledger {
     frame_us: AtomicU64,
 }
 
+/// Wall-clock time `us`, read in frame `from` (the wall clock's offset from
+/// the monotonic clock then, wrapping), as the wall clock of frame `to` reads
+/// the same instant: a clock stepped between the two moves it by the step.
+pub(crate) fn reframe(us: u64, from: u64, to: u64) -> u64 {
+    us.saturating_add_signed(to.wrapping_sub(from) as i64)
+}
+
 /// A count of units that may pass `u64::MAX` (8,192 entries of 2^51 units,
 /// the largest cost, do), read as `u64::MAX` then: 128 bits, as two words.
 /// Each add or subtraction that carries past the low word moves the high
@@ -215,9 +222,8 @@ impl Ledger {
                 // The times so far onto the new units' clock, if it was
                 // stepped since: one entry holds one clock's times.
                 if e.frame_us != frame_us && e.units > 0 {
-                    let step = frame_us.wrapping_sub(e.frame_us) as i64;
-                    e.first_us = e.first_us.saturating_add_signed(step);
-                    e.last_us = e.last_us.saturating_add_signed(step);
+                    e.first_us = reframe(e.first_us, e.frame_us, frame_us);
+                    e.last_us = reframe(e.last_us, e.frame_us, frame_us);
                 }
                 e.stripes = stripes;
                 let added = units.min(u64::MAX - e.units);
@@ -294,13 +300,10 @@ impl Ledger {
         // tells Redis that clock's now, and Redis moves the times by how far
         // it is from its own (lua/reconcile.lua). A clock stepped since they
         // were recorded would otherwise move them by the step too.
-        let step = self
-            .frame_us
-            .load(Ordering::Relaxed)
-            .wrapping_sub(sending.frame_us) as i64;
+        let current = self.frame_us.load(Ordering::Relaxed);
         drop(u);
         let (storage_key, window) = key;
-        let moved = |us: u64| us.saturating_add_signed(step);
+        let moved = |us: u64| reframe(us, sending.frame_us, current);
         Some(Claim {
             id: format!("{:016x}", sending.id),
             entry: LedgerEntry::new(
@@ -402,7 +405,7 @@ impl Ledger {
         let current = self.frame_us.load(Ordering::Relaxed);
         self.entries.retain(|(key, _), u| {
             let e = LedgerEntry::new(key.clone(), u.rule.clone(), u.units, u.first_us, u.last_us);
-            let now_then = now_us.wrapping_add(u.frame_us.wrapping_sub(current));
+            let now_then = reframe(now_us, current, u.frame_us);
             let live = e.expires_at_us() > now_then;
             if !live {
                 // Counted entry by entry: their sum may pass u64::MAX (the

@@ -15,6 +15,7 @@ use tierlimit_core::{
 use crate::bounded::{BoundedMap, ValueBytes};
 use crate::engine::{RuleEngine, Tat, governor_check};
 use crate::key::{LocalKey, Probe, SharedSets};
+use crate::ledger::reframe;
 use crate::slot::{self, Eval, Share, Slot};
 use crate::{Claim, Ledger};
 
@@ -203,10 +204,9 @@ impl Owed {
         if was != frame_us && before > 0 {
             // The times so far onto the clock as stepped since: one count
             // holds one clock's times.
-            let step = frame_us.wrapping_sub(was) as i64;
             for t in [self.first_us.get_mut(), self.last_us.get_mut()] {
                 if *t != u64::MAX {
-                    *t = t.saturating_add_signed(step);
+                    *t = reframe(*t, was, frame_us);
                 }
             }
         }
@@ -783,22 +783,24 @@ impl LocalTier {
     /// asks Redis when this is `None`). Free otherwise: once the settling time
     /// has passed, it reads no clock until the next outage ends.
     ///
-    /// `instances`: `Some` for a set that falls back to this tier (its share
-    /// of that count). A key without a bucket from those outages then gets one
-    /// now, started from its seed: the other instances may have spent their
-    /// shares of it locally, and Redis does not count them until they are
-    /// back and have written them back, so the first instance back must not
-    /// take more than its own share meanwhile. `None` (or a count of 1) asks
-    /// Redis for such a key, and so does a map with no room for its bucket
-    /// (these buckets count against [`LocalConfig::max_keys`] like any
-    /// other, until they are pruned once the settle is over). `rules`, when given, gets each rule's state on a denial (cleared
-    /// first), as [`check_rules`](Self::check_rules) gives it.
+    /// `instances` answers `Some` for a set that falls back to this tier (its
+    /// share of that count); it is asked only while a settle runs. A key
+    /// without a bucket from those outages then gets one now, started from
+    /// its seed: the other instances may have spent their shares of it
+    /// locally, and Redis does not count them until they are back and have
+    /// written them back, so the first instance back must not take more than
+    /// its own share meanwhile. `None` (or a count of 1) asks Redis for such
+    /// a key, and so does a map with no room for its bucket (these buckets
+    /// count against [`LocalConfig::max_keys`] like any other, until they are
+    /// pruned once the settle is over). `rules`, when given, gets each rule's
+    /// state on a denial (cleared first), as [`check_rules`](Self::check_rules)
+    /// gives it.
     pub fn settling(
         &self,
         escaped_key: &str,
         set: &RuleSet,
         cost: u64,
-        instances: Option<u64>,
+        instances: impl FnOnce() -> Option<u64>,
         rules: Option<&mut Vec<RuleState>>,
     ) -> Option<Decision> {
         let until = self.settle_until_us.load(Ordering::Acquire);
@@ -847,7 +849,7 @@ impl LocalTier {
             (found, _) => {
                 drop(found);
                 // One instance has no others to leave room for.
-                let n = instances.filter(|n| *n > 1)?;
+                let n = instances().filter(|n| *n > 1)?;
                 self.bucket_for(escaped_key, set, self.engine(set, n), now, from)?
             }
         };

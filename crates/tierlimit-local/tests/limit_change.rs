@@ -301,20 +301,26 @@ fn a_settling_bucket_judges_the_kept_usage_by_the_new_limits() {
     assert_eq!(admitted(&local, "down", &minute(100), 80), 80);
     local.end_outage(local.outage(), Duration::from_secs(10));
     assert!(
-        local.settling("up", &minute(100), 1, None, None).is_some(),
+        local
+            .settling("up", &minute(100), 1, || None, None)
+            .is_some(),
         "100 of 100"
     );
     assert!(
-        local.settling("up", &minute(200), 1, None, None).is_none(),
+        local
+            .settling("up", &minute(200), 1, || None, None)
+            .is_none(),
         "100 of 200"
     );
     assert!(
-        local.settling("down", &minute(50), 1, None, None).is_some(),
+        local
+            .settling("down", &minute(50), 1, || None, None)
+            .is_some(),
         "80 of 50"
     );
     assert!(
         local
-            .settling("down", &minute(100), 1, None, None)
+            .settling("down", &minute(100), 1, || None, None)
             .is_none(),
         "80 of 100"
     );

@@ -347,22 +347,22 @@ fn settling_reads_no_clock_once_settled() {
     let reads = || clock.wall_reads.load(Ordering::Relaxed);
     // Before any outage: no read.
     let before = reads();
-    assert!(local.settling("k", &set, 1, None, None).is_none());
+    assert!(local.settling("k", &set, 1, || None, None).is_none());
     assert_eq!(reads(), before);
     // An outage spends the key's share; while it settles the bucket answers.
     assert_eq!(admitted(&local, "k", &set, 1, 20), 10);
     local.end_outage(local.outage(), Duration::from_secs(5));
     assert!(
         local
-            .settling("k", &set, 1, None, None)
+            .settling("k", &set, 1, || None, None)
             .is_some_and(|d| !d.allowed)
     );
     // Settled: one read finds it so, the checks after it read nothing.
     clock.inner.advance(Duration::from_secs(5));
-    assert!(local.settling("k", &set, 1, None, None).is_none());
+    assert!(local.settling("k", &set, 1, || None, None).is_none());
     let settled = reads();
     for _ in 0..100 {
-        assert!(local.settling("k", &set, 1, None, None).is_none());
+        assert!(local.settling("k", &set, 1, || None, None).is_none());
     }
     assert_eq!(reads(), settled);
     // The next outage (the hour's share still spent) ends: it bounds the
@@ -371,7 +371,7 @@ fn settling_reads_no_clock_once_settled() {
     local.end_outage(local.outage(), Duration::from_secs(5));
     assert!(
         local
-            .settling("k", &set, 1, None, None)
+            .settling("k", &set, 1, || None, None)
             .is_some_and(|d| !d.allowed)
     );
 }
@@ -529,7 +529,7 @@ fn back_to_back_outages_settle_the_buckets_of_both() {
     for key in ["a", "b"] {
         assert!(
             local
-                .settling(key, &set, 1, None, None)
+                .settling(key, &set, 1, || None, None)
                 .is_some_and(|d| !d.allowed),
             "{key} is not bounded while settling"
         );
@@ -538,7 +538,7 @@ fn back_to_back_outages_settle_the_buckets_of_both() {
     local.prune();
     assert_eq!(local.len(), 2);
     clock.advance(settle);
-    assert!(local.settling("a", &set, 1, None, None).is_none());
+    assert!(local.settling("a", &set, 1, || None, None).is_none());
     local.prune();
     assert!(local.is_empty());
 }
@@ -558,16 +558,20 @@ fn a_key_unseen_in_the_outage_takes_only_its_share_while_it_settles() {
     local.end_outage(local.outage(), settle);
     // Without an instance count (a set that does not fall back locally, or
     // a count not learned yet) Redis is asked, and no bucket is made.
-    assert!(local.settling("unseen", &set, 1, None, None).is_none());
+    assert!(local.settling("unseen", &set, 1, || None, None).is_none());
     assert_eq!(local.len(), 1);
     // With it: this instance's share of 2, then denials answered here.
     let through = (0..10)
-        .filter(|_| local.settling("unseen", &set, 1, Some(2), None).is_none())
+        .filter(|_| {
+            local
+                .settling("unseen", &set, 1, || Some(2), None)
+                .is_none()
+        })
         .count();
     assert_eq!(through, 5, "the share of 10 over 2 instances");
     let mut rules = vec![RuleState::new(7, Duration::ZERO); 3];
     let d = local
-        .settling("unseen", &set, 1, Some(2), Some(&mut rules))
+        .settling("unseen", &set, 1, || Some(2), Some(&mut rules))
         .expect("a denial while settling");
     assert!(!d.allowed);
     assert_eq!(rules.len(), 1, "every rule's state, and only those");
@@ -580,7 +584,11 @@ fn a_key_unseen_in_the_outage_takes_only_its_share_while_it_settles() {
     );
     // Settled: Redis alone decides again.
     clock.advance(settle);
-    assert!(local.settling("unseen", &set, 1, Some(2), None).is_none());
+    assert!(
+        local
+            .settling("unseen", &set, 1, || Some(2), None)
+            .is_none()
+    );
 }
 
 /// The same when this instance decided nothing locally in the outage (its
@@ -596,7 +604,7 @@ fn a_settle_bounds_keys_after_an_outage_that_decided_nothing_here() {
     local.end_outage(local.outage(), Duration::from_secs(5));
     let through = |n: u64, key: &str| {
         (0..10)
-            .filter(|_| local.settling(key, &set, 1, Some(n), None).is_none())
+            .filter(|_| local.settling(key, &set, 1, || Some(n), None).is_none())
             .count()
     };
     assert_eq!(through(2, "k"), 5, "this instance's share of 2");
@@ -672,7 +680,7 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
         clock.inner.advance(Duration::from_secs(1));
         assert!(
             local
-                .settling("k", &set, 1, None, None)
+                .settling("k", &set, 1, || None, None)
                 .is_some_and(|d| !d.allowed),
             "stepped {step_us} µs: no longer bounded 1 s into a 5 s settle"
         );
@@ -684,7 +692,7 @@ fn a_stepped_wall_clock_does_not_change_how_long_an_outage_settles() {
         );
         clock.inner.advance(settle);
         assert!(
-            local.settling("k", &set, 1, None, None).is_none(),
+            local.settling("k", &set, 1, || None, None).is_none(),
             "stepped {step_us} µs: still bounded 6 s into a 5 s settle"
         );
     }
@@ -859,7 +867,7 @@ fn a_second_outage_while_the_first_settles_goes_on_from_its_bucket() {
     local.end_outage(local.outage(), Duration::from_secs(5));
     // One check goes to Redis (the bucket has room), which has this
     // instance's 19 and that check, and none of the others' 40.
-    assert!(local.settling("k", &set, 1, None, None).is_none());
+    assert!(local.settling("k", &set, 1, || None, None).is_none());
     let sent_in = local.outage();
     local.remember(
         "k",

@@ -900,7 +900,7 @@ impl HybridLimiter {
             return Here::Answer(Ok(inner.count(rule_set, denied)));
         }
         if inner.breaker.allows_request() {
-            let share_of = inner.falls_back_locally(rule_set);
+            let share_of = || inner.falls_back_locally(rule_set);
             if let Some(denied) = inner
                 .local
                 .settling(escaped, rule_set, cost, share_of, rules)
